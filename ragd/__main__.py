@@ -1,0 +1,3 @@
+from ragd.daemon import main
+
+raise SystemExit(main())

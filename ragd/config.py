@@ -1,0 +1,230 @@
+"""Reading and checking ragd's configuration.
+
+The documented default configuration is ``config.toml`` at the repository root; every key it
+shows is declared in :data:`SCHEMA` below. Keep the two in step (tests/test_config.py checks
+that the documented file loads and names every key).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragd import protocol
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used. The message names the file and the key."""
+
+
+SOURCE_KINDS = ("obsidian", "folder")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# table -> key -> (type, default). A default of None means "computed" (see resolve_paths).
+SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
+    "daemon": {
+        "data_dir": (str, ""),
+        "socket": (str, ""),
+        "log_level": (str, "info"),
+        "max_connections": (int, 256),
+    },
+    "index": {
+        "chunk_words": (int, 200),
+        "max_file_bytes": (int, 10 * 1024 * 1024),
+    },
+    "search": {
+        "k": (int, 10),
+        "candidates": (int, 100),
+    },
+}
+SOURCE_SCHEMA: dict[str, tuple[type | tuple[type, ...], Any]] = {
+    "name": (str, None),
+    "path": (str, None),
+    "kind": (str, "folder"),
+    "include": (list, None),
+    "exclude": (list, []),
+}
+DEFAULT_INCLUDE = {
+    "obsidian": ["**/*.md"],
+    "folder": ["**/*.md", "**/*.markdown", "**/*.txt", "**/*.rst"],
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    root: Path
+    kind: str
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+
+
+@dataclass
+class Config:
+    path: Path | None
+    data_dir: Path
+    socket: Path
+    log_level: str = "info"
+    max_connections: int = 256
+    chunk_words: int = 200
+    max_file_bytes: int = 10 * 1024 * 1024
+    search_k: int = 10
+    search_candidates: int = 100
+    sources: list[Source] = field(default_factory=list)
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "index.sqlite3"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "ragd.log"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.data_dir / "ragd.lock"
+
+    def source(self, name: str) -> Source | None:
+        return next((s for s in self.sources if s.name == name), None)
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               list: "a list", dict: "a table"}
+
+
+def _type_name(value: Any) -> str:
+    return {str: "string", int: "integer", float: "float", bool: "boolean", list: "list",
+            dict: "table"}.get(type(value), type(value).__name__)
+
+
+def _check(where: str, key: str, value: Any, expected) -> None:
+    # bool is a subclass of int; a config saying `chunk_words = true` is a mistake.
+    ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"{where}: {key} must be {_TYPE_NAMES.get(expected, expected)}, "
+                          f"got {_type_name(value)} {value!r}")
+
+
+def load(cli_path: str | os.PathLike | None = None, env=os.environ,
+         extra_sources: list[str] | None = None) -> Config:
+    """Find, read and check the configuration (see :func:`protocol.find_config`)."""
+    path = protocol.find_config(cli_path, env)
+    raw: dict = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    return from_dict(raw, path, env, extra_sources or [])
+
+
+def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) -> Config:
+    where = str(path) if path else "built-in defaults"
+    values: dict[str, dict[str, Any]] = {}
+    for key in raw:
+        if key not in SCHEMA and key != "sources":
+            raise ConfigError(f"{where}: unknown key '{key}' (known: "
+                              f"{', '.join(sorted([*SCHEMA, 'sources']))})")
+    for table, keys in SCHEMA.items():
+        given = raw.get(table, {})
+        _check(where, table, given, dict)
+        for key in given:
+            if key not in keys:
+                raise ConfigError(f"{where}: unknown key '{table}.{key}' (known: "
+                                  f"{', '.join(f'{table}.{k}' for k in keys)})")
+        values[table] = {}
+        for key, (typ, default) in keys.items():
+            value = given.get(key, default)
+            _check(where, f"{table}.{key}", value, typ)
+            values[table][key] = value
+
+    d = values["daemon"]
+    if d["log_level"] not in LOG_LEVELS:
+        raise ConfigError(f"{where}: daemon.log_level must be one of {', '.join(LOG_LEVELS)}, "
+                          f"got {d['log_level']!r}")
+    for table, key, low in (("daemon", "max_connections", 1), ("index", "chunk_words", 20),
+                            ("index", "max_file_bytes", 1), ("search", "k", 1),
+                            ("search", "candidates", 1)):
+        if values[table][key] < low:
+            raise ConfigError(f"{where}: {table}.{key} must be at least {low}, "
+                              f"got {values[table][key]}")
+    data_dir, sock = protocol.resolve_paths(d, env)
+    if len(os.fsencode(sock)) > 100:
+        raise ConfigError(f"{where}: daemon.socket: path {sock} is too long for a Unix socket "
+                          f"(at most 100 bytes); set a shorter one")
+
+    raw_sources = raw.get("sources", [])
+    _check(where, "sources", raw_sources, list)
+    sources = [_source(where, i, s) for i, s in enumerate(raw_sources)]
+    for i, p in enumerate(extra_sources):
+        sources.append(_source_from_cli(where, p, i))
+    seen: set[str] = set()
+    for s in sources:
+        if s.name in seen:
+            raise ConfigError(f"{where}: two sources are named {s.name!r}; names must be unique")
+        seen.add(s.name)
+
+    return Config(path=path, data_dir=data_dir, socket=sock, log_level=d["log_level"],
+                  max_connections=d["max_connections"],
+                  chunk_words=values["index"]["chunk_words"],
+                  max_file_bytes=values["index"]["max_file_bytes"],
+                  search_k=values["search"]["k"], search_candidates=values["search"]["candidates"],
+                  sources=sources)
+
+
+def _source(where: str, i: int, s: Any) -> Source:
+    label = f"sources[{i}]"
+    _check(where, label, s, dict)
+    for key in s:
+        if key not in SOURCE_SCHEMA:
+            raise ConfigError(f"{where}: unknown key '{label}.{key}' (known: "
+                              f"{', '.join(SOURCE_SCHEMA)})")
+    for key in ("name", "path"):
+        if key not in s:
+            raise ConfigError(f"{where}: {label} needs a '{key}'")
+    for key, (typ, _) in SOURCE_SCHEMA.items():
+        if key in s:
+            _check(where, f"{label}.{key}", s[key], typ)
+    name = s["name"].strip()
+    if not name or "/" in name:
+        raise ConfigError(f"{where}: {label}.name must be a non-empty name without '/', "
+                          f"got {s['name']!r}")
+    kind = s.get("kind", "folder")
+    if kind not in SOURCE_KINDS:
+        raise ConfigError(f"{where}: {label}.kind must be one of {', '.join(SOURCE_KINDS)}, "
+                          f"got {kind!r}")
+    include = s.get("include") or DEFAULT_INCLUDE[kind]
+    exclude = s.get("exclude", [])
+    for key, globs in (("include", include), ("exclude", exclude)):
+        for g in globs:
+            if not isinstance(g, str) or not g:
+                raise ConfigError(f"{where}: {label}.{key} must be a list of glob strings, "
+                                  f"got {g!r}")
+    root = _existing_dir(where, f"{label}.path", s["path"])
+    return Source(name=name, root=root, kind=kind, include=tuple(include), exclude=tuple(exclude))
+
+
+def _source_from_cli(where: str, path: str, i: int) -> Source:
+    root = _existing_dir("--source", "path", str(Path(path).expanduser().absolute()))
+    kind = "obsidian" if (root / ".obsidian").is_dir() else "folder"
+    return Source(name=root.name or f"source{i}", root=root, kind=kind,
+                  include=tuple(DEFAULT_INCLUDE[kind]), exclude=())
+
+
+def _existing_dir(where: str, key: str, value: str) -> Path:
+    root = Path(value).expanduser()
+    if not root.is_absolute():
+        raise ConfigError(f"{where}: {key}: {value!r} must be an absolute path (or start with ~)")
+    if not root.exists():
+        raise ConfigError(f"{where}: {key}: folder {root} does not exist")
+    if not root.is_dir():
+        raise ConfigError(f"{where}: {key}: {root} is not a folder")
+    return root.resolve()

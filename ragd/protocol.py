@@ -1,0 +1,224 @@
+"""The ragd wire protocol, shared by the daemon and every client.
+
+This module is the only part of ``ragd`` that ``ragctl`` imports, so it must stay light: standard
+library and msgpack only, nothing else from ragd. It holds the framing, the error codes, the
+small blocking client, and the rules for finding the daemon's socket (so that ``ragd`` and
+``ragctl`` can never disagree about where it is). The full description for plugin authors is
+``docs/protocol.md``; keep the two in step.
+
+Framing. A connection speaks one of two encodings, chosen by its first byte:
+
+* msgpack frames: a 4-byte big-endian length, then a msgpack map of that many bytes;
+* JSON lines: one JSON object per line (the first byte is ``{``), for editor plugins without
+  msgpack. A length prefix can never start with ``{`` (0x7B), as that would announce a frame of
+  over 2 GB, far above :data:`MAX_FRAME`.
+
+Requests are maps ``{"id": any, "op": str, "args": map}``; replies are ``{"id": same, "result":
+...}`` or ``{"id": same, "error": {"code": str, "message": str}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+
+# Size of the frame header: the payload length packed as !I, 4 bytes in network order.
+HEADER = struct.Struct("!I")
+# Requests are small; anything above this is refused before it is read into memory.
+MAX_FRAME = 8 * 1024 * 1024
+
+# Error codes. Documented in docs/protocol.md: add one there when you add one here.
+BAD_FRAME = "bad_frame"  # undecodable framing or payload (not msgpack / not JSON)
+FRAME_TOO_LARGE = "frame_too_large"  # a frame or line over MAX_FRAME; the connection is closed
+BAD_REQUEST = "bad_request"  # decodable, but not a request map with an "op" string
+UNKNOWN_OP = "unknown_op"  # no such op
+BAD_ARGS = "bad_args"  # missing, unknown or ill-typed arguments
+NOT_FOUND = "not_found"  # a named thing (a source, a file) does not exist
+UNAVAILABLE = "unavailable"  # the op needs something that is not running or not configured
+FORBIDDEN = "forbidden"  # the peer is another user; the connection is closed
+SHUTTING_DOWN = "shutting_down"  # the daemon is stopping
+INTERNAL = "internal"  # a bug in ragd; the message carries the exception
+
+ERROR_CODES = (BAD_FRAME, FRAME_TOO_LARGE, BAD_REQUEST, UNKNOWN_OP, BAD_ARGS, NOT_FOUND,
+               UNAVAILABLE, FORBIDDEN, SHUTTING_DOWN, INTERNAL)
+
+MSGPACK = "msgpack"
+JSONL = "jsonl"
+
+
+class ProtocolError(Exception):
+    """The peer broke the framing: the connection cannot continue."""
+
+
+class DaemonError(Exception):
+    """An error reply from the daemon, raised by :class:`Client`."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class NotRunning(Exception):
+    """No daemon answers at the socket path (missing socket, refused, or stale)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+def pack(msg: dict, encoding: str = MSGPACK) -> bytes:
+    """Encode one message for the wire, framing included."""
+    if encoding == JSONL:
+        return json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    data = msgpack.packb(msg, use_bin_type=True)
+    return HEADER.pack(len(data)) + data
+
+
+def unpack_payload(data: bytes, encoding: str) -> Any:
+    """Decode one payload (without its framing); raises ValueError when undecodable."""
+    if encoding == JSONL:
+        return json.loads(data.decode("utf-8"))
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise ValueError(str(e) or type(e).__name__) from e
+
+
+def error_reply(req_id: Any, code: str, message: str) -> dict:
+    return {"id": req_id, "error": {"code": code, "message": message}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Locating the daemon. ragd and ragctl both call these, so they agree by construction.
+
+def xdg(name: str, fallback: str, env=os.environ) -> Path:
+    value = env.get(name)
+    if value and os.path.isabs(value):
+        return Path(value)
+    return Path.home() / fallback
+
+
+def find_config(cli_path: str | os.PathLike | None = None, env=os.environ) -> Path | None:
+    """The config file in force: --config, else $RAGD_CONFIG, else the XDG one if it exists."""
+    if cli_path:
+        return Path(cli_path).expanduser()
+    if env.get("RAGD_CONFIG"):
+        return Path(env["RAGD_CONFIG"]).expanduser()
+    candidate = xdg("XDG_CONFIG_HOME", ".config", env) / "ragd" / "config.toml"
+    return candidate if candidate.exists() else None
+
+
+def default_data_dir(env=os.environ) -> Path:
+    return xdg("XDG_DATA_HOME", ".local/share", env) / "ragd"
+
+
+def default_socket_path(data_dir: Path, env=os.environ) -> Path:
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return Path(runtime) / "ragd" / "ragd.sock"
+    return data_dir / "ragd.sock"
+
+
+def resolve_paths(daemon_table: dict | None, env=os.environ) -> tuple[Path, Path]:
+    """(data_dir, socket) from a config's ``[daemon]`` table (may be None) and the environment."""
+    table = daemon_table or {}
+    data_dir = Path(table["data_dir"]).expanduser() if table.get("data_dir") else default_data_dir(env)
+    sock = Path(table["socket"]).expanduser() if table.get("socket") else default_socket_path(data_dir, env)
+    return data_dir, sock
+
+
+def socket_path(cli_socket=None, cli_config=None, env=os.environ) -> Path:
+    """Where a client finds the daemon: --socket, $RAGD_SOCKET, else as the config says."""
+    if cli_socket:
+        return Path(cli_socket).expanduser()
+    if env.get("RAGD_SOCKET"):
+        return Path(env["RAGD_SOCKET"]).expanduser()
+    cfg = find_config(cli_config, env)
+    table = None
+    if cfg is not None and cfg.exists():
+        with open(cfg, "rb") as f:
+            table = tomllib.load(f).get("daemon")
+        if table is not None and not isinstance(table, dict):
+            table = None
+    return resolve_paths(table, env)[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# A small blocking client (used by ragctl and the tests).
+
+class Client:
+    """One connection to the daemon, msgpack-framed, one request at a time."""
+
+    def __init__(self, path: str | os.PathLike, timeout: float | None = 30.0):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(self.path)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            self.sock.close()
+            raise NotRunning(f"ragd is not running (no daemon at {self.path})") from e
+        except OSError:
+            self.sock.close()
+            raise
+        self._next_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send(self, op: str, **args: Any) -> int:
+        self._next_id += 1
+        self.sock.sendall(pack({"id": self._next_id, "op": op, "args": args}))
+        return self._next_id
+
+    def recv(self) -> dict:
+        header = self._recv_exact(HEADER.size)
+        (length,) = HEADER.unpack(header)
+        if length > MAX_FRAME:
+            raise ProtocolError(f"reply frame of {length} bytes exceeds the limit")
+        return unpack_payload(self._recv_exact(length), MSGPACK)
+
+    def call(self, op: str, **args: Any) -> Any:
+        """Send one request and return its result; raise DaemonError on an error reply."""
+        req_id = self.send(op, **args)
+        for reply in self.replies(req_id):
+            if reply.get("final", True):
+                return reply["result"]
+        raise ProtocolError("stream ended without a final reply")  # pragma: no cover
+
+    def replies(self, req_id: int) -> Iterator[dict]:
+        """Yield the replies to one request until its final one (streams send several)."""
+        while True:
+            reply = self.recv()
+            if reply.get("id") != req_id:
+                raise ProtocolError(f"reply for id {reply.get('id')!r}, expected {req_id}")
+            if "error" in reply:
+                err = reply["error"] or {}
+                raise DaemonError(err.get("code", INTERNAL), err.get("message", ""))
+            yield reply
+            if reply.get("final", True):
+                return
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("the daemon closed the connection")
+            buf += chunk
+        return bytes(buf)
