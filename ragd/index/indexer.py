@@ -1,0 +1,247 @@
+"""The indexer: the one thread that writes the index.
+
+Work arrives as scans (of a source, or all of them) and as single paths. A scan compares what
+is on disk with the files table: a file whose size and mtime are unchanged is not read; a
+changed one is read and hashed, and only a changed hash is re-chunked. Paths wait in an ordered,
+de-duplicated queue, so a file named twice is indexed once.
+
+Commits are batched (a transaction holds up to BATCH_FILES files or BATCH_SECONDS of work)
+for speed during a bulk scan; each file's rows change inside that transaction together, so a
+crash leaves every file either as it was or fully updated.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ragd.config import Config, Source
+from ragd.index import store
+from ragd.ingest import chunker, sources
+
+log = logging.getLogger("ragd.indexer")
+
+BATCH_FILES = 500
+BATCH_SECONDS = 0.5
+
+
+@dataclass
+class SourceState:
+    last_scan: float | None = None
+    last_error: str | None = None
+    scanning: bool = False
+
+
+@dataclass
+class Stats:
+    files_indexed: int = 0
+    files_unchanged: int = 0
+    files_skipped: int = 0
+    files_failed: int = 0
+    files_removed: int = 0
+    chunks_written: int = 0
+    per_source: dict[str, SourceState] = field(default_factory=dict)
+
+
+class Indexer:
+    def __init__(self, cfg: Config, db_path: Path):
+        self.cfg = cfg
+        self.db_path = db_path
+        self.stats = Stats(per_source={s.name: SourceState() for s in cfg.sources})
+        self._cv = threading.Condition()
+        self._scans: OrderedDict[str, bool] = OrderedDict()  # source name -> force
+        self._paths: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (source, rel) -> force
+        self._busy = False
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="indexer", daemon=True)
+        self._db = None
+
+    # -- control (any thread) -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    def request_scan(self, source: str | None = None, force: bool = False) -> list[str]:
+        names = [source] if source else [s.name for s in self.cfg.sources]
+        with self._cv:
+            for name in names:
+                self._scans[name] = self._scans.get(name, False) or force
+                self.stats.per_source[name].scanning = True
+            self._cv.notify_all()
+        return names
+
+    def request_path(self, source: str, relpath: str, force: bool = False) -> None:
+        with self._cv:
+            key = (source, relpath)
+            self._paths[key] = self._paths.get(key, False) or force
+            self._cv.notify_all()
+
+    @property
+    def pending(self) -> int:
+        """Files waiting to be indexed (scans not yet listed are not counted; see `idle`)."""
+        with self._cv:
+            return len(self._paths)
+
+    @property
+    def idle(self) -> bool:
+        with self._cv:
+            return not (self._scans or self._paths or self._busy)
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._scans or self._paths or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    # -- the indexer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._db = store.connect(self.db_path)
+        try:
+            while True:
+                with self._cv:
+                    while not (self._stop or self._scans or self._paths):
+                        self._busy = False
+                        self._cv.notify_all()
+                        self._cv.wait()
+                    if self._stop:
+                        return
+                    self._busy = True
+                    scan = self._scans.popitem(last=False) if self._scans else None
+                if scan:
+                    self._scan(*scan)
+                self._drain()
+        except Exception:
+            log.exception("indexer thread died")
+            raise
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+            self._db.close()
+
+    def _source(self, name: str) -> Source:
+        src = self.cfg.source(name)
+        assert src is not None, name
+        return src
+
+    def _scan(self, name: str, force: bool) -> None:
+        src = self._source(name)
+        state = self.stats.per_source[name]
+        t0 = time.monotonic()
+        if not src.root.is_dir():
+            state.last_error = f"source folder {src.root} is missing; its files are kept"
+            log.warning("source %s: %s", name, state.last_error)
+            state.scanning = False
+            return
+        known = store.file_rows(self._db, name)
+        on_disk = {seen.relpath: seen for seen in sources.scan(src)}
+        changed = [rel for rel, seen in on_disk.items()
+                   if force or rel not in known or known[rel].size != seen.size
+                   or known[rel].mtime_ns != seen.mtime_ns]
+        gone = [known[rel].id for rel in known.keys() - on_disk.keys()]
+        if gone:
+            self._db.execute("BEGIN IMMEDIATE")
+            for file_id in gone:
+                store.delete_file(self._db, file_id)
+            self._db.execute("COMMIT")
+            self.stats.files_removed += len(gone)
+        with self._cv:
+            for rel in changed:
+                self._paths[(name, rel)] = self._paths.get((name, rel), False) or force
+        state.last_scan = time.time()
+        state.scanning = False
+        log.info("scan %s: %d files, %d to index, %d removed (%.2fs)", name, len(on_disk),
+                 len(changed), len(gone), time.monotonic() - t0)
+
+    def _drain(self) -> None:
+        """Index queued paths in batched transactions until the queue is empty or a scan waits."""
+        while True:
+            batch_start, n = time.monotonic(), 0
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                while n < BATCH_FILES and time.monotonic() - batch_start < BATCH_SECONDS:
+                    with self._cv:
+                        if self._stop or not self._paths:
+                            break
+                        (name, rel), force = self._paths.popitem(last=False)
+                    self._index_one(self._source(name), rel, force)
+                    n += 1
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            with self._cv:
+                self._cv.notify_all()
+                if self._stop or not self._paths or self._scans:
+                    return
+
+    def _index_one(self, src: Source, rel: str, force: bool) -> None:
+        path = src.root / rel
+        db = self._db
+        row = db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
+                         (src.name, rel)).fetchone()
+        db.execute("SAVEPOINT file")
+        try:
+            try:
+                content = sources.read(path, self.cfg.max_file_bytes)
+            except sources.Unreadable as e:
+                if str(e) == "file vanished":
+                    if row is not None:
+                        store.delete_file(db, row["id"])
+                        self.stats.files_removed += 1
+                else:
+                    size, mtime_ns = _stat(path)
+                    store.put_file(db, src.name, rel, size, mtime_ns, None, "skipped", str(e), [])
+                    self.stats.files_skipped += 1
+                    log.info("skipped %s/%s: %s", src.name, rel, e)
+                db.execute("RELEASE file")
+                return
+            if (not force and row is not None and row["hash"] == content.hash
+                    and row["status"] == "indexed"):
+                store.touch_file(db, row["id"], content.size, content.mtime_ns)
+                self.stats.files_unchanged += 1
+                db.execute("RELEASE file")
+                return
+            title = Path(rel).stem
+            pieces = chunker.chunk_text(content.text, self.cfg.chunk_words, title=title)
+            records = [store.ChunkRecord(i, c.heading, c.line_start, c.line_end, c.text,
+                                         c.text_hash) for i, c in enumerate(pieces)]
+            store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
+                           "indexed", content.warning, records)
+            db.execute("RELEASE file")
+            self.stats.files_indexed += 1
+            self.stats.chunks_written += len(records)
+        except Exception as e:
+            # A bug or an unexpected error on one file: record it, keep the daemon going.
+            db.execute("ROLLBACK TO file")
+            db.execute("RELEASE file")
+            log.exception("failed to index %s/%s", src.name, rel)
+            size, mtime_ns = _stat(path)
+            store.put_file(db, src.name, rel, size, mtime_ns, None, "failed",
+                           f"{type(e).__name__}: {e}", [])
+            self.stats.files_failed += 1
+            self.stats.per_source[src.name].last_error = f"{rel}: {type(e).__name__}: {e}"
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    """(size, mtime_ns) as the scan sees them; (-1, 0) for what cannot be stat'ed (as scan)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return -1, 0
+    return st.st_size, st.st_mtime_ns

@@ -1,0 +1,222 @@
+"""The SQLite index: files, chunks and the FTS5 index over chunk text.
+
+One database per data dir, in WAL mode: one writer (the indexer thread) and any number of
+readers (search requests, each on its own connection) work at once without blocking each other.
+
+Schema changes are migrations: functions named ``mNNN_what`` appended to :data:`MIGRATIONS`,
+applied in order, each in one transaction with the ``PRAGMA user_version`` bump that records it.
+Never edit a migration that has shipped; add a new one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
+migration = MIGRATIONS.append
+
+
+class StoreError(Exception):
+    """The index database cannot be used (newer schema, corrupt file)."""
+
+
+def run_script(db: sqlite3.Connection, sql: str) -> None:
+    """Run a multi-statement script inside the caller's transaction (executescript would
+    commit it first)."""
+    stmt = ""
+    for line in sql.splitlines(keepends=True):
+        stmt += line
+        if sqlite3.complete_statement(stmt):
+            db.execute(stmt)
+            stmt = ""
+    if stmt.strip():
+        raise StoreError(f"incomplete SQL statement in a migration: {stmt.strip()[:60]}")
+
+
+@migration
+def m001_initial(db: sqlite3.Connection) -> None:
+    run_script(db, """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+
+        -- One row per file ragd has seen, whatever became of it.
+        -- status: 'indexed' | 'skipped' (not indexable, reason says why) | 'failed' (an error).
+        CREATE TABLE files (
+            id          INTEGER PRIMARY KEY,
+            source      TEXT NOT NULL,
+            relpath     TEXT NOT NULL,
+            size        INTEGER NOT NULL,
+            mtime_ns    INTEGER NOT NULL,
+            hash        TEXT,
+            status      TEXT NOT NULL,
+            reason      TEXT,
+            indexed_at  REAL NOT NULL,
+            UNIQUE (source, relpath)
+        );
+
+        -- line_start/line_end: 1-based, inclusive, in the file as it was when indexed.
+        CREATE TABLE chunks (
+            id          INTEGER PRIMARY KEY,
+            file_id     INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+            ordinal     INTEGER NOT NULL,
+            heading     TEXT NOT NULL DEFAULT '',
+            line_start  INTEGER NOT NULL,
+            line_end    INTEGER NOT NULL,
+            text        TEXT NOT NULL,
+            text_hash   TEXT NOT NULL
+        );
+        CREATE INDEX chunks_file ON chunks (file_id, ordinal);
+        CREATE INDEX chunks_text_hash ON chunks (text_hash);
+
+        CREATE VIRTUAL TABLE chunks_fts USING fts5 (
+            heading, text,
+            content = 'chunks', content_rowid = 'id',
+            tokenize = 'porter unicode61 remove_diacritics 2'
+        );
+        -- External-content FTS: these triggers are the only thing keeping it in step.
+        CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
+            INSERT INTO chunks_fts (rowid, heading, text) VALUES (new.id, new.heading, new.text);
+        END;
+        CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
+            INSERT INTO chunks_fts (chunks_fts, rowid, heading, text)
+                VALUES ('delete', old.id, old.heading, old.text);
+        END;
+        CREATE TRIGGER chunks_au AFTER UPDATE ON chunks BEGIN
+            INSERT INTO chunks_fts (chunks_fts, rowid, heading, text)
+                VALUES ('delete', old.id, old.heading, old.text);
+            INSERT INTO chunks_fts (rowid, heading, text) VALUES (new.id, new.heading, new.text);
+        END;
+    """)
+
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def connect(path: Path | str, readonly: bool = False) -> sqlite3.Connection:
+    """Open the index with the pragmas every connection needs; the one place they are set.
+
+    busy_timeout lets a reader wait out the writer's brief checkpoint locks instead of failing.
+    synchronous=NORMAL is safe in WAL mode (a power cut may lose the last commits, never
+    corrupt the file), and much faster than FULL for per-file commits.
+    """
+    if readonly:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False,
+                             isolation_level=None)
+    else:
+        db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA busy_timeout = 10000")
+    db.execute("PRAGMA foreign_keys = ON")
+    if not readonly:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+    return db
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Bring the schema up to date; returns the version found before migrating."""
+    found = db.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise StoreError(f"the index was written by a newer ragd (schema {found}, this ragd "
+                         f"knows {SCHEMA_VERSION}); upgrade ragd or move the data dir aside")
+    for version in range(found, SCHEMA_VERSION):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[version](db)
+            db.execute(f"PRAGMA user_version = {version + 1}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    return found
+
+
+def open_store(path: Path) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        db = connect(path)
+        migrate(db)
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"cannot open the index {path}: {e}") from e
+    return db
+
+
+@dataclass
+class FileRow:
+    id: int
+    source: str
+    relpath: str
+    size: int
+    mtime_ns: int
+    hash: str | None
+    status: str
+    reason: str | None
+    indexed_at: float
+
+
+@dataclass
+class ChunkRecord:
+    ordinal: int
+    heading: str
+    line_start: int
+    line_end: int
+    text: str
+    text_hash: str
+
+
+def file_rows(db: sqlite3.Connection, source: str) -> dict[str, FileRow]:
+    rows = db.execute("SELECT id, source, relpath, size, mtime_ns, hash, status, reason, "
+                      "indexed_at FROM files WHERE source = ?", (source,))
+    return {r["relpath"]: FileRow(*r) for r in rows}
+
+
+def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime_ns: int,
+             hash_: str | None, status: str, reason: str | None,
+             chunks: Iterable[ChunkRecord] | None) -> int:
+    """Record one file and (when chunks is not None) replace its chunks. Caller holds the
+    transaction, so the file row, its chunks and their FTS rows change together."""
+    now = time.time()
+    row = db.execute("SELECT id FROM files WHERE source = ? AND relpath = ?",
+                     (source, relpath)).fetchone()
+    if row is None:
+        file_id = db.execute(
+            "INSERT INTO files (source, relpath, size, mtime_ns, hash, status, reason, "
+            "indexed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (source, relpath, size, mtime_ns, hash_, status, reason, now)).lastrowid
+    else:
+        file_id = row[0]
+        db.execute("UPDATE files SET size = ?, mtime_ns = ?, hash = ?, status = ?, reason = ?, "
+                   "indexed_at = ? WHERE id = ?",
+                   (size, mtime_ns, hash_, status, reason, now, file_id))
+    if chunks is not None:
+        db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
+        db.executemany(
+            "INSERT INTO chunks (file_id, ordinal, heading, line_start, line_end, text, "
+            "text_hash) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(file_id, c.ordinal, c.heading, c.line_start, c.line_end, c.text, c.text_hash)
+             for c in chunks])
+    return file_id
+
+
+def touch_file(db: sqlite3.Connection, file_id: int, size: int, mtime_ns: int) -> None:
+    """Same content, new stat: remember the stat so the next scan does not hash it again."""
+    db.execute("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
+
+
+def delete_file(db: sqlite3.Connection, file_id: int) -> None:
+    db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
+    db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+
+
+def source_counts(db: sqlite3.Connection) -> dict[str, dict[str, int]]:
+    """Per source: files by status, and chunks."""
+    out: dict[str, dict[str, int]] = {}
+    for r in db.execute("SELECT source, status, COUNT(*) FROM files GROUP BY source, status"):
+        out.setdefault(r[0], {})[r[1]] = r[2]
+    for r in db.execute("SELECT f.source, COUNT(*) FROM chunks c JOIN files f ON f.id = c.file_id "
+                        "GROUP BY f.source"):
+        out.setdefault(r[0], {})["chunks"] = r[1]
+    return out
