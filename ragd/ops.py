@@ -1,0 +1,182 @@
+"""The ops a client can ask for. ``search`` on the wire is ``cmd_search`` here and
+``ragctl search`` on the command line; docs/protocol.md documents each one.
+
+Every op declares its arguments in ARGS (name -> type, default; REQUIRED for none), and
+:func:`check_args` refuses missing, unknown and ill-typed ones before the op runs.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable
+
+from ragd import __version__
+from ragd import protocol as P
+from ragd.config import Config
+from ragd.index import store
+from ragd.index.indexer import Indexer
+from ragd.search import bm25
+from ragd.server import AfterReply, OpError
+
+REQUIRED = object()
+MODES = ("bm25",)
+
+ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
+    "ping": {},
+    "status": {},
+    "sources": {},
+    "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, "bm25"),
+               "sources": (list, None)},
+    "reindex": {"source": (str, None)},
+    "stop": {},
+}
+
+
+def check_args(op: str, args: dict) -> dict:
+    spec = ARGS[op]
+    unknown = set(args) - set(spec)
+    if unknown:
+        raise OpError(P.BAD_ARGS, f"{op}: unknown argument(s) {', '.join(sorted(map(str, unknown)))}"
+                      f"; it takes {', '.join(spec) or 'none'}")
+    out = {}
+    for name, (typ, default) in spec.items():
+        if name not in args or args[name] is None:
+            if default is REQUIRED:
+                raise OpError(P.BAD_ARGS, f"{op}: missing argument '{name}'")
+            out[name] = default
+            continue
+        value = args[name]
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be {typ.__name__}, "
+                          f"got {type(value).__name__}")
+        out[name] = value
+    return out
+
+
+class ReadPool:
+    """Read connections for request threads (WAL: readers never wait for the writer)."""
+
+    def __init__(self, path):
+        self.path = path
+        self._free: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+
+    @contextmanager
+    def conn(self):
+        try:
+            db = self._free.get_nowait()
+        except queue.Empty:
+            db = store.connect(self.path)
+        try:
+            yield db
+        finally:
+            self._free.put(db)
+
+
+class Ops:
+    def __init__(self, cfg: Config, indexer: Indexer, request_stop: Callable[[], None]):
+        self.cfg = cfg
+        self.indexer = indexer
+        self.request_stop = request_stop
+        self.reads = ReadPool(cfg.db_path)
+        self.started = time.time()
+        self.stopping = threading.Event()
+
+    def dispatch(self, op: str, args: dict) -> Any:
+        handler = getattr(self, f"cmd_{op}", None) if op in ARGS else None
+        if handler is None:
+            raise OpError(P.UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(ARGS)}")
+        if self.stopping.is_set() and op != "ping":
+            raise OpError(P.SHUTTING_DOWN, "ragd is stopping")
+        return handler(**check_args(op, args))
+
+    # -- ops ------------------------------------------------------------------------------------
+
+    def cmd_ping(self) -> dict:
+        return {"pid": os.getpid(), "version": __version__, "protocol": P.PROTOCOL_VERSION}
+
+    def cmd_status(self) -> dict:
+        with self.reads.conn() as db:
+            counts = store.source_counts(db)
+        per_source = []
+        for s in self.cfg.sources:
+            c = counts.get(s.name, {})
+            st = self.indexer.stats.per_source[s.name]
+            per_source.append({
+                "name": s.name, "path": str(s.root), "kind": s.kind,
+                "files": c.get("indexed", 0), "skipped": c.get("skipped", 0),
+                "failed": c.get("failed", 0), "chunks": c.get("chunks", 0),
+                "scanning": st.scanning, "last_scan": st.last_scan, "last_error": st.last_error,
+            })
+        s = self.indexer.stats
+        return {
+            "pid": os.getpid(), "version": __version__, "protocol": P.PROTOCOL_VERSION,
+            "uptime_s": round(time.time() - self.started, 3),
+            "data_dir": str(self.cfg.data_dir), "socket": str(self.cfg.socket),
+            "config": str(self.cfg.path) if self.cfg.path else None,
+            "pending": self.indexer.pending, "idle": self.indexer.idle,
+            "sources": per_source,
+            "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
+                       "files_skipped": s.files_skipped, "files_failed": s.files_failed,
+                       "files_removed": s.files_removed, "chunks_written": s.chunks_written},
+        }
+
+    def cmd_sources(self) -> list[dict]:
+        return [{"name": s.name, "path": str(s.root), "kind": s.kind, "include": list(s.include),
+                 "exclude": list(s.exclude)} for s in self.cfg.sources]
+
+    def cmd_search(self, query: str, k: int | None, mode: str, sources: list | None) -> dict:
+        t0 = time.perf_counter()
+        k = self.cfg.search_k if k is None else k
+        if not 1 <= k <= 1000:
+            raise OpError(P.BAD_ARGS, f"search: 'k' must be between 1 and 1000, got {k}")
+        if mode not in MODES:
+            raise OpError(P.BAD_ARGS, f"search: mode must be one of {', '.join(MODES)}, "
+                          f"got {mode!r}")
+        if sources is not None:
+            bad = [s for s in sources if not isinstance(s, str) or self.cfg.source(s) is None]
+            if bad:
+                raise OpError(P.NOT_FOUND, f"search: no source named {bad[0]!r}; "
+                              f"known: {', '.join(s.name for s in self.cfg.sources) or 'none'}")
+        with self.reads.conn() as db:
+            hits = bm25.search(db, query, k, sources)
+            results = self._results(db, [(h.chunk_id, h.score, {"bm25": h.score}) for h in hits])
+        return {"query": query, "mode": mode, "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
+                "results": results}
+
+    def _results(self, db: sqlite3.Connection, ranked: list[tuple[int, float, dict]]) -> list:
+        if not ranked:
+            return []
+        ids = [cid for cid, _, _ in ranked]
+        rows = {r["id"]: r for r in db.execute(
+            "SELECT c.id, c.heading, c.line_start, c.line_end, c.text, f.source, f.relpath, "
+            f"f.indexed_at FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN "
+            f"({','.join('?' * len(ids))})", ids)}
+        out = []
+        for cid, score, parts in ranked:
+            r = rows.get(cid)
+            if r is None:  # deleted between the ranking and this read
+                continue
+            src = self.cfg.source(r["source"])
+            out.append({
+                "path": str(src.root / r["relpath"]) if src else r["relpath"],
+                "source": r["source"], "line_start": r["line_start"], "line_end": r["line_end"],
+                "heading": r["heading"], "score": round(score, 6), "scores": parts,
+                "text": r["text"], "indexed_at": r["indexed_at"],
+            })
+        return out
+
+    def cmd_reindex(self, source: str | None) -> dict:
+        if source is not None and self.cfg.source(source) is None:
+            raise OpError(P.NOT_FOUND, f"reindex: no source named {source!r}; known: "
+                          f"{', '.join(s.name for s in self.cfg.sources) or 'none'}")
+        names = self.indexer.request_scan(source, force=True)
+        return {"queued": names}
+
+    def cmd_stop(self) -> dict:
+        self.stopping.set()
+        return AfterReply({"stopping": True, "pid": os.getpid()}, self.request_stop)

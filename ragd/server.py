@@ -1,0 +1,331 @@
+"""The Unix-socket server: accepts clients, frames messages, hands requests to the ops.
+
+Each connection gets its own thread, so a slow or stuck client holds only its own thread and
+never blocks the others; requests on one connection are answered in order. The socket lives in
+a 0700 directory with mode 0600, and every connection's peer uid is checked (SO_PEERCRED):
+another user is refused even if the file modes were loosened.
+
+Nothing a client sends can take the daemon down: undecodable payloads and bad requests get an
+error reply and the connection goes on; only broken framing (an oversized frame, a line with no
+end) closes the connection, after an error reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from ragd import protocol as P
+
+log = logging.getLogger("ragd.server")
+
+SEND_TIMEOUT = 30.0  # a client that stops reading for this long is dropped
+
+
+class OpError(Exception):
+    """An error reply: raise it from an op with a protocol error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Stream:
+    """Return this from an op to send several replies: each item of `items` is sent with
+    ``"final": false`` and the stream ends with one ``"final": true`` reply carrying `last()`."""
+
+    def __init__(self, items, last: Callable[[], Any]):
+        self.items = items
+        self.last = last
+
+
+class AfterReply:
+    """Return this from an op to run `then` once the reply has been sent (e.g. stop)."""
+
+    def __init__(self, result: Any, then: Callable[[], None]):
+        self.result = result
+        self.then = then
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end, or None where the platform cannot tell."""
+    if hasattr(socket, "SO_PEERCRED"):
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return uid
+    return None  # macOS: the 0700 directory is the guard
+
+
+def peer_allowed(uid: int | None, own_uid: int) -> bool:
+    return uid is None or uid == own_uid
+
+
+def prepare_socket_path(path: Path) -> None:
+    """Create the socket's directory (0700) and remove a stale socket file.
+
+    Raises RuntimeError if a live daemon already answers on the path.
+    """
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(parent, 0o700)
+    elif parent.stat().st_mode & 0o077:
+        # Not ours to tighten (it may be /tmp); the 0600 socket and the uid check still hold.
+        log.warning("the socket's folder %s is open to other users; ragd refuses their "
+                    "connections, but a private (0700) folder is better", parent)
+    if path.exists() or path.is_symlink():
+        try:
+            with P.Client(path, timeout=2.0) as c:
+                info = c.call("ping")
+        except (P.NotRunning, OSError, P.ProtocolError, P.DaemonError):
+            log.info("removing stale socket %s", path)
+            path.unlink()
+        else:
+            raise RuntimeError(f"another ragd (pid {info.get('pid')}) already serves the "
+                               f"socket {path}; stop it with 'ragctl stop' or set daemon.socket")
+
+
+def linger_close(conn: socket.socket, max_bytes: int = 1 << 20, seconds: float = 0.5) -> None:
+    """Close after an error reply so the peer still reads it.
+
+    Closing a socket whose peer's data is unread resets the connection, and the reset can
+    destroy the reply in flight; so stop writing, read and drop what is still coming (bounded),
+    then close.
+    """
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(seconds)
+        seen = 0
+        while seen < max_bytes:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            seen += len(chunk)
+    except OSError:
+        pass
+    conn.close()
+
+
+class Server:
+    def __init__(self, path: Path, dispatch: Callable[[str, dict], Any], max_connections: int):
+        self.path = path
+        self.dispatch = dispatch
+        self.max_connections = max_connections
+        self.own_uid = os.getuid()
+        self._listener: socket.socket | None = None
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="accept",
+                                               daemon=True)
+
+    def start(self) -> None:
+        prepare_socket_path(self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the file is born 0600: no window where others may connect
+        try:
+            sock.bind(str(self.path))
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(128)
+        self._listener = sock
+        self._accept_thread.start()
+        log.info("listening on %s", self.path)
+
+    def close(self) -> None:
+        """Stop accepting, remove the socket file, and end open connections."""
+        self._closing = True
+        if self._listener is not None:
+            # Remove the file first, so no new client finds a dying daemon.
+            try:
+                if self.path.exists():
+                    self.path.unlink()
+            except OSError:
+                pass
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._accept_thread.join(timeout=5)
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    # -- accepting ------------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._closing:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                if self._closing:
+                    return
+                continue
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                log.warning("refusing a connection: %d open (daemon.max_connections)",
+                            self.max_connections)
+                self._refuse(conn, P.UNAVAILABLE,
+                             f"too many connections ({self.max_connections} open)")
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="conn", daemon=True).start()
+
+    def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
+        try:
+            conn.settimeout(1.0)
+            conn.sendall(P.pack(P.error_reply(None, code, message)))
+        except OSError:
+            pass
+        linger_close(conn)
+
+    # -- one connection -------------------------------------------------------------------------
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            uid = peer_uid(conn)
+            if not peer_allowed(uid, self.own_uid):
+                log.warning("refused a connection from uid %s", uid)
+                self._refuse(conn, P.FORBIDDEN, f"uid {uid} may not use this daemon (owned by "
+                             f"uid {self.own_uid})")
+                return
+            conn.settimeout(None)
+            first = conn.recv(1, socket.MSG_PEEK)
+            if not first:
+                return
+            conn.settimeout(SEND_TIMEOUT)  # bounds sendall; reads block in recv below
+            if first == b"{":
+                self._serve_jsonl(conn)
+            else:
+                self._serve_msgpack(conn)
+        except (ConnectionError, TimeoutError, OSError):
+            pass
+        except Exception:
+            log.exception("connection handler crashed")
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _recv_exact(self, conn: socket.socket, n: int) -> bytes | None:
+        buf = bytearray()
+        while len(buf) < n:
+            conn.settimeout(None)
+            chunk = conn.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                return None
+            buf += chunk
+        conn.settimeout(SEND_TIMEOUT)
+        return bytes(buf)
+
+    def _serve_msgpack(self, conn: socket.socket) -> None:
+        while True:
+            header = self._recv_exact(conn, P.HEADER.size)
+            if header is None:
+                return
+            (length,) = P.HEADER.unpack(header)
+            if length > P.MAX_FRAME:
+                self._send(conn, P.error_reply(None, P.FRAME_TOO_LARGE,
+                                               f"frame of {length} bytes; the limit is "
+                                               f"{P.MAX_FRAME}"), P.MSGPACK)
+                linger_close(conn)
+                return
+            payload = self._recv_exact(conn, length)
+            if payload is None:
+                return
+            self._handle(conn, payload, P.MSGPACK)
+
+    def _serve_jsonl(self, conn: socket.socket) -> None:
+        buf = bytearray()
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > P.MAX_FRAME:
+                    self._send(conn, P.error_reply(None, P.FRAME_TOO_LARGE,
+                                                   f"line over {P.MAX_FRAME} bytes"), P.JSONL)
+                    linger_close(conn)
+                    return
+                conn.settimeout(None)
+                chunk = conn.recv(1 << 16)
+                conn.settimeout(SEND_TIMEOUT)
+                if not chunk:
+                    return
+                buf += chunk
+                continue
+            line, buf = bytes(buf[:nl]), buf[nl + 1:]
+            if line.strip():
+                self._handle(conn, line, P.JSONL)
+
+    def _handle(self, conn: socket.socket, payload: bytes, encoding: str) -> None:
+        try:
+            msg = P.unpack_payload(payload, encoding)
+        except (ValueError, UnicodeDecodeError) as e:
+            what = "JSON" if encoding == P.JSONL else "msgpack"
+            self._send(conn, P.error_reply(None, P.BAD_FRAME, f"payload is not valid {what}: "
+                                           f"{e}"), encoding)
+            return
+        if not isinstance(msg, dict):
+            self._send(conn, P.error_reply(None, P.BAD_REQUEST,
+                                           f"a request must be a map, got {type(msg).__name__}"),
+                       encoding)
+            return
+        req_id = msg.get("id")
+        op, args = msg.get("op"), msg.get("args", {})
+        if args is None:
+            args = {}
+        if not isinstance(op, str) or not op:
+            self._send(conn, P.error_reply(req_id, P.BAD_REQUEST, "the request has no 'op' "
+                                           "string"), encoding)
+            return
+        if not isinstance(args, dict):
+            self._send(conn, P.error_reply(req_id, P.BAD_ARGS, "'args' must be a map"), encoding)
+            return
+        try:
+            result = self.dispatch(op, args)
+            then = None
+            if isinstance(result, AfterReply):
+                result, then = result.result, result.then
+            if isinstance(result, Stream):
+                for item in result.items:
+                    self._send(conn, {"id": req_id, "result": item, "final": False}, encoding)
+                result = result.last()
+            self._send(conn, {"id": req_id, "result": result}, encoding)
+            if then is not None:
+                then()
+        except OpError as e:
+            self._send(conn, P.error_reply(req_id, e.code, e.message), encoding)
+        except (ConnectionError, TimeoutError):
+            raise
+        except Exception as e:
+            log.exception("op %r failed", op)
+            self._send(conn, P.error_reply(req_id, P.INTERNAL, f"{type(e).__name__}: {e}"),
+                       encoding)
+
+    def _send(self, conn: socket.socket, msg: dict, encoding: str) -> None:
+        try:
+            data = P.pack(msg, encoding)
+        except (TypeError, ValueError) as e:  # a result that cannot be encoded is a ragd bug
+            log.error("cannot encode the reply to request %r: %s", msg.get("id"), e)
+            data = P.pack(P.error_reply(msg.get("id"), P.INTERNAL, f"cannot encode reply: {e}"),
+                          encoding)
+        conn.sendall(data)
