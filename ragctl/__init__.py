@@ -1,0 +1,1 @@
+"""ragctl: the thin command-line client of ragd (imports only ragd.protocol)."""

@@ -1,0 +1,3 @@
+from ragctl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,250 @@
+"""``ragctl``: the thin command-line client of ragd.
+
+It imports nothing from ragd but the protocol module, and finds the socket the same way ragd
+does (--socket, $RAGD_SOCKET, else --config / $RAGD_CONFIG / the XDG config). Each ``do_<op>``
+here is the ``<op>`` on the wire.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from ragd import protocol as P
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 60.0
+
+
+class Fail(Exception):
+    """A one-line failure for the user; ragctl exits with its code."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def connect(args, timeout: float | None = 30.0) -> P.Client:
+    path = P.socket_path(args.socket, args.config)
+    try:
+        return P.Client(path, timeout=timeout)
+    except P.NotRunning:
+        raise Fail(f"ragd is not running (no daemon at {path}); start it with 'ragctl start'")
+    except PermissionError:
+        raise Fail(f"permission denied on {path}: is ragd running as another user?")
+
+
+def call(args, op: str, timeout: float | None = 30.0, **kw):
+    with connect(args, timeout) as c:
+        return c.call(op, **kw)
+
+
+def emit(args, obj, human) -> None:
+    if args.json:
+        print(json.dumps(obj, ensure_ascii=False, indent=None))
+    else:
+        human(obj)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def do_start(args) -> int:
+    if args.socket:
+        # ragd has no --socket flag: its config sets where it listens. Refuse rather than start
+        # a daemon that listens elsewhere than where we would wait for it.
+        raise Fail("--socket cannot choose where a new daemon listens; set daemon.socket in "
+                   "the config instead", 2)
+    env = {k: v for k, v in os.environ.items() if k != "RAGD_SOCKET"}
+    path = P.socket_path(None, args.config, env)
+    try:
+        with P.Client(path, timeout=5) as c:
+            info = c.call("ping")
+        print(f"ragd is already running (pid {info['pid']})")
+        return 0
+    except (P.NotRunning, OSError, P.ProtocolError):
+        pass
+    cmd = [sys.executable, "-m", "ragd", "--background"]
+    if args.config:
+        cmd += ["--config", args.config]
+    for s in args.source:
+        cmd += ["--source", s]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT
+        delay = 0.01
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                err.seek(0)
+                msg = err.read().decode(errors="replace").strip()
+                raise Fail(msg or f"ragd exited with status {proc.returncode} before answering")
+            try:
+                with P.Client(path, timeout=5) as c:
+                    info = c.call("ping")
+                print(f"ragd started (pid {info['pid']}, socket {path})")
+                return 0
+            except (P.NotRunning, OSError, P.ProtocolError):
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+        raise Fail(f"ragd (pid {proc.pid}) did not answer within {START_TIMEOUT:.0f}s; "
+                   f"see its log")
+
+
+def do_stop(args) -> int:
+    try:
+        result = call(args, "stop")
+    except Fail as e:
+        raise Fail(str(e).split(";")[0])
+    pid = result["pid"]
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            break
+        time.sleep(0.02)
+    else:
+        raise Fail(f"ragd (pid {pid}) is still stopping after {STOP_TIMEOUT:.0f}s")
+    print(f"ragd stopped (pid {pid})")
+    return 0
+
+
+def do_status(args) -> int:
+    st = call(args, "status")
+
+    def human(st):
+        print(f"ragd {st['version']}  pid {st['pid']}  up {st['uptime_s']:.0f}s  "
+              f"pending {st['pending']}{'' if st['idle'] else '  (indexing)'}")
+        print(f"data {st['data_dir']}\nsocket {st['socket']}")
+        if not st["sources"]:
+            print("no sources configured: add [[sources]] to your config.toml")
+        for s in st["sources"]:
+            extra = "".join(f", {s[k]} {k}" for k in ("skipped", "failed") if s[k])
+            print(f"  {s['name']:<20} {s['files']:>7} files {s['chunks']:>8} chunks{extra}"
+                  f"  {s['kind']}  {s['path']}")
+            if s.get("last_error"):
+                print(f"    last error: {s['last_error']}")
+
+    emit(args, st, human)
+    return 0
+
+
+def do_search(args) -> int:
+    kw = {"query": args.query, "mode": args.mode}
+    if args.k is not None:
+        kw["k"] = args.k
+    if args.source:
+        kw["sources"] = args.source
+    res = call(args, "search", **kw)
+
+    def human(res):
+        if not res["results"]:
+            print(f"no results ({res.get('reason') or 'nothing matched'})")
+        for i, r in enumerate(res["results"], 1):
+            head = f" — {r['heading']}" if r["heading"] else ""
+            print(f"{i:>2}. {r['path']}:{r['line_start']}-{r['line_end']}  "
+                  f"[{r['score']:.3f}]{head}")
+            snippet = " ".join(r["text"].split())
+            print(f"    {snippet[:200]}{'…' if len(snippet) > 200 else ''}")
+
+    out = {k: res[k] for k in ("query", "mode", "elapsed_ms", "results")}
+    out.update({k: v for k, v in res.items() if k not in out})
+    emit(args, out, human)
+    return 0
+
+
+def do_reindex(args) -> int:
+    res = call(args, "reindex", source=args.source)
+    emit(args, res, lambda r: print(f"reindexing {', '.join(r['queued']) or 'nothing'}"))
+    return 0
+
+
+def do_sources(args) -> int:
+    res = call(args, "sources")
+
+    def human(rows):
+        if not rows:
+            print("no sources configured")
+        for s in rows:
+            print(f"{s['name']:<20} {s['kind']:<9} {s['path']}")
+
+    emit(args, res, human)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _common(top: bool) -> argparse.ArgumentParser:
+    # The same options work before and after the command ('ragctl --json status' and 'ragctl
+    # status --json'); on the subcommands they default to SUPPRESS so they cannot overwrite
+    # what was given before the command.
+    common = argparse.ArgumentParser(add_help=False)
+    kw = {} if top else {"default": argparse.SUPPRESS}
+    common.add_argument("--config", metavar="PATH", **kw,
+                        help="ragd config file (default: $RAGD_CONFIG, else the XDG one)")
+    common.add_argument("--socket", metavar="PATH", **kw,
+                        help="the daemon's socket (default: $RAGD_SOCKET, else from the config)")
+    common.add_argument("--json", action="store_true", help="print JSON for machines", **kw)
+    return common
+
+
+def parser() -> argparse.ArgumentParser:
+    common = _common(top=False)
+    ap = argparse.ArgumentParser(prog="ragctl", parents=[_common(top=True)],
+                                 description="Talk to the ragd retrieval daemon.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("start", parents=[common], help="start ragd in the background")
+    p.add_argument("--source", metavar="PATH", action="append", default=[],
+                   help="also index this folder for this run (repeatable)")
+    p.set_defaults(func=do_start)
+    p = sub.add_parser("stop", parents=[common], help="stop ragd")
+    p.set_defaults(func=do_stop)
+    p = sub.add_parser("status", parents=[common], help="what ragd is doing and holds")
+    p.set_defaults(func=do_status)
+    p = sub.add_parser("search", parents=[common], help="search the index")
+    p.add_argument("query", help="free text; \"quoted phrases\" stay phrases")
+    p.add_argument("-k", type=int, help="number of results (default: search.k in the config)")
+    p.add_argument("--mode", choices=["bm25"], default="bm25", help="ranking (default: bm25)")
+    p.add_argument("--source", action="append", metavar="NAME",
+                   help="search only this source (repeatable)")
+    p.set_defaults(func=do_search)
+    p = sub.add_parser("reindex", parents=[common], help="re-read and re-chunk every file")
+    p.add_argument("--source", metavar="NAME", help="only this source")
+    p.set_defaults(func=do_reindex)
+    p = sub.add_parser("sources", parents=[common], help="list the configured sources")
+    p.set_defaults(func=do_sources)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except Fail as e:
+        print(f"ragctl: {e}", file=sys.stderr)
+        return e.code
+    except P.DaemonError as e:
+        print(f"ragctl: {e.message} ({e.code})", file=sys.stderr)
+        return 1
+    except (ConnectionError, TimeoutError, P.ProtocolError) as e:
+        print(f"ragctl: lost the connection to ragd: {e}", file=sys.stderr)
+        return 1
+    except (tomllib.TOMLDecodeError, OSError) as e:
+        print(f"ragctl: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
