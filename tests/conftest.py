@@ -1,0 +1,152 @@
+"""Fixtures that run the real daemon as a subprocess on temporary copies of real vaults."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ragd import protocol as P
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RAGD_SHARED", ROOT.parent / "shared"))
+VAULTS = SHARED / "vaults"
+
+
+def copy_vault(name: str, dest: Path) -> Path:
+    """A writable copy of a shared vault (the shared ones are read-only)."""
+    src = VAULTS / name
+    if not src.is_dir():
+        pytest.fail(f"shared vault {src} is missing (set RAGD_SHARED to the shared/ folder)")
+    shutil.copytree(src, dest, copy_function=shutil.copy)
+    for dirpath, dirnames, filenames in os.walk(dest):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    return dest
+
+
+def write_config(path: Path, data_dir: Path, socket: Path, sources: list[dict],
+                 extra: str = "") -> Path:
+    lines = ["[daemon]", f'data_dir = "{data_dir}"', f'socket = "{socket}"', 'log_level = "debug"',
+             extra, ""]
+    for s in sources:
+        lines.append("[[sources]]")
+        for k, v in s.items():
+            lines.append(f"{k} = {_toml(v)}")
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _toml(v) -> str:
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+class Daemon:
+    """A real ragd process. Use as a context manager, or call stop() / kill()."""
+
+    def __init__(self, config: Path, socket: Path, log: Path):
+        self.config, self.socket, self.log = config, socket, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> "Daemon":
+        self._err = open(self.log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "ragd", "--config", str(self.config)],
+                                     stdin=subprocess.DEVNULL, stdout=self._err, stderr=self._err)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ragd exited with {self.proc.returncode}:\n"
+                                   f"{self.log.read_text(errors='replace')[-3000:]}")
+            try:
+                with P.Client(self.socket, timeout=5) as c:
+                    c.call("ping")
+                return self
+            except (P.NotRunning, OSError):
+                time.sleep(0.02)
+        raise RuntimeError(f"ragd did not answer within {timeout}s")
+
+    def client(self, timeout: float = 30.0) -> P.Client:
+        return P.Client(self.socket, timeout=timeout)
+
+    def call(self, op: str, **args):
+        with self.client() as c:
+            return c.call(op, **args)
+
+    def wait_idle(self, timeout: float = 60.0) -> dict:
+        """Poll status until the indexer has nothing left to do; return that status."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.call("status")
+            if st["idle"] and st["pending"] == 0 and not any(s["scanning"] for s in st["sources"]):
+                return st
+            time.sleep(0.05)
+        raise TimeoutError(f"ragd still busy after {timeout}s: {st}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._err.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> "Daemon":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.stop(10)
+        finally:
+            self.kill()
+
+
+@pytest.fixture
+def make_daemon(tmp_path):
+    """Build a daemon over copies of the named vaults: make_daemon(["obsidian-tasks-docs"])."""
+    started: list[Daemon] = []
+
+    def make(vaults=("obsidian-tasks-docs",), sources=None, extra: str = "",
+             socket: Path | None = None) -> Daemon:
+        if sources is None:
+            sources = []
+            for name in vaults:
+                root = copy_vault(name, tmp_path / "vaults" / name)
+                kind = "obsidian" if (root / ".obsidian").is_dir() else "folder"
+                sources.append({"name": name, "path": str(root), "kind": kind})
+        socket = socket or tmp_path / "run" / "ragd.sock"
+        cfg = write_config(tmp_path / "config.toml", tmp_path / "data", socket, sources, extra)
+        d = Daemon(cfg, socket, tmp_path / "ragd.stderr")
+        started.append(d)
+        return d
+
+    yield make
+    for d in started:
+        try:
+            d.stop(10)
+        except Exception:
+            pass
+        d.kill()
+
+
+def ragctl(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ragctl", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=timeout)

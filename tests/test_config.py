@@ -1,0 +1,98 @@
+"""Configuration: the documented default file, lookup order, and clear errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragd import config, protocol
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_documented_config_is_the_builtin_default(tmp_path):
+    env = {"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
+    documented = config.load(ROOT / "config.toml", env=env)
+    builtin = config.from_dict({}, None, env=env)
+    for field in ("data_dir", "socket", "log_level", "max_connections", "chunk_words",
+                  "max_file_bytes", "search_k", "search_candidates", "sources"):
+        assert getattr(documented, field) == getattr(builtin, field), field
+
+
+def test_documented_config_mentions_every_key():
+    text = (ROOT / "config.toml").read_text()
+    for table, keys in config.SCHEMA.items():
+        assert f"[{table}]" in text
+        for key in keys:
+            assert re.search(rf"^{key} = ", text, re.M), f"{table}.{key} is not documented"
+    for key in config.SOURCE_SCHEMA:
+        assert re.search(rf"^# {key} = ", text, re.M), f"sources.{key} is not documented"
+
+
+def test_lookup_order(tmp_path):
+    a, b, xdg = tmp_path / "a.toml", tmp_path / "b.toml", tmp_path / "xdg"
+    (xdg / "ragd").mkdir(parents=True)
+    (xdg / "ragd" / "config.toml").write_text("")
+    env = {"RAGD_CONFIG": str(b), "XDG_CONFIG_HOME": str(xdg)}
+    assert protocol.find_config(a, env) == a
+    assert protocol.find_config(None, env) == b
+    assert protocol.find_config(None, {"XDG_CONFIG_HOME": str(xdg)}) == xdg / "ragd" / "config.toml"
+    assert protocol.find_config(None, {"XDG_CONFIG_HOME": str(tmp_path / "none")}) is None
+
+
+def test_default_paths(tmp_path):
+    env = {"XDG_DATA_HOME": str(tmp_path / "d"), "XDG_RUNTIME_DIR": str(tmp_path / "r")}
+    cfg = config.from_dict({}, None, env)
+    assert cfg.data_dir == tmp_path / "d" / "ragd"
+    assert cfg.socket == tmp_path / "r" / "ragd" / "ragd.sock"
+    cfg = config.from_dict({}, None, {"XDG_DATA_HOME": str(tmp_path / "d")})
+    assert cfg.socket == tmp_path / "d" / "ragd" / "ragd.sock"  # no runtime dir: the data dir
+    cfg = config.from_dict({"daemon": {"data_dir": str(tmp_path / "x"),
+                                       "socket": str(tmp_path / "s.sock")}}, None, env)
+    assert (cfg.data_dir, cfg.socket) == (tmp_path / "x", tmp_path / "s.sock")
+    # ragctl computes the same socket from the same file
+    f = tmp_path / "c.toml"
+    f.write_text(f'[daemon]\nsocket = "{tmp_path / "s.sock"}"\n')
+    assert protocol.socket_path(None, f, env) == tmp_path / "s.sock"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[daemon]\nsokcet = 'x'\n", "unknown key 'daemon.sokcet'"),
+    ("[deamon]\n", "unknown key 'deamon'"),
+    ("[daemon]\nmax_connections = 'many'\n", "daemon.max_connections must be an integer, got string"),
+    ("[index]\nchunk_words = true\n", "index.chunk_words must be an integer, got boolean"),
+    ("[daemon]\nlog_level = 'loud'\n", "daemon.log_level must be one of"),
+    ("[search]\nk = 0\n", "search.k must be at least 1"),
+    ("[[sources]]\nname = 'n'\npath = '/definitely/not/here'\n",
+     "sources[0].path: folder /definitely/not/here does not exist"),
+    ("[[sources]]\nname = 'n'\n", "sources[0] needs a 'path'"),
+    ("[[sources]]\nname = 'n'\npath = '/tmp'\nkind = 'vault'\n", "sources[0].kind must be one of"),
+    ("[[sources]]\nname = 'n'\npath = '/tmp'\nincludes = []\n", "unknown key 'sources[0].includes'"),
+    ("[[sources]]\nname = 'n'\npath = '/tmp'\n[[sources]]\nname = 'n'\npath = '/tmp'\n",
+     "two sources are named 'n'"),
+    ("[[sources]]\nname = 'n'\npath = 'relative/dir'\n", "must be an absolute path"),
+    ("this is = not toml =\n", "not valid TOML"),
+])
+def test_config_errors_name_the_key_and_the_file(tmp_path, text, needle):
+    f = tmp_path / "config.toml"
+    f.write_text(text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(f, env={"XDG_DATA_HOME": str(tmp_path)})
+    assert needle in str(e.value)
+    assert str(f) in str(e.value)
+
+
+def test_ragd_exits_with_the_error_at_startup(tmp_path):
+    f = tmp_path / "config.toml"
+    f.write_text(f"[daemon]\ndata_dir = '{tmp_path}/d'\n[[sources]]\nname = 'notes'\n"
+                 f"path = '{tmp_path}/missing'\n")
+    r = subprocess.run([sys.executable, "-m", "ragd", "--config", str(f)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"ragd: config error: {f}: sources[0].path: folder "
+                                f"{tmp_path}/missing does not exist")
+    assert not (tmp_path / "d").exists()  # nothing was created

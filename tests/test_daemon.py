@@ -1,0 +1,216 @@
+"""The real daemon on a copy of a real vault, driven over its real socket and through ragctl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ragctl
+
+PHRASE = "chrono library reads dates very flexibly"
+NOTE = "Queries/Filters.md"
+
+
+def phrase_line(path) -> int:
+    for i, line in enumerate(open(path, encoding="utf-8"), 1):
+        if "reads dates very flexibly" in line:
+            return i
+    raise AssertionError("phrase not in the note")
+
+
+def test_phrase_comes_back_first_with_path_and_lines(make_daemon, tmp_path):
+    with make_daemon() as d:
+        st = d.wait_idle()
+        src = st["sources"][0]
+        assert src["name"] == "obsidian-tasks-docs"
+        assert src["files"] == 118 and src["chunks"] > 118 and src["failed"] == 0
+
+        res = d.call("search", query=PHRASE, k=5)
+        top = res["results"][0]
+        note = tmp_path / "vaults" / "obsidian-tasks-docs" / NOTE
+        assert top["path"] == str(note)
+        assert os.path.isabs(top["path"])
+        line = phrase_line(note)
+        assert top["line_start"] <= line <= top["line_end"]
+        # The line range points at exactly the chunk's text in the file.
+        lines = note.read_text(encoding="utf-8").split("\n")
+        assert "\n".join(lines[top["line_start"] - 1: top["line_end"]]).strip() == top["text"]
+        assert res["results"][0]["score"] > res["results"][1]["score"]
+
+
+def test_ragctl_commands_and_json_shapes(make_daemon, tmp_path):
+    with make_daemon() as d:
+        d.wait_idle()
+        cfg = str(d.config)
+        r = ragctl("--config", cfg, "search", "--json", PHRASE, "-k", "3")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert set(out) >= {"query", "mode", "elapsed_ms", "results"}
+        assert out["query"] == PHRASE and out["mode"] == "bm25" and len(out["results"]) == 3
+        for hit in out["results"]:
+            assert set(hit) >= {"path", "source", "line_start", "line_end", "heading", "score",
+                                "text"}
+            assert 1 <= hit["line_start"] <= hit["line_end"]
+        assert out["results"][0]["path"].endswith(NOTE)
+
+        r = ragctl("--config", cfg, "status", "--json")
+        st = json.loads(r.stdout)
+        assert st["pid"] == d.proc.pid and st["pending"] == 0
+        assert st["sources"][0]["files"] == 118 and st["sources"][0]["chunks"] > 0
+
+        r = ragctl("--config", cfg, "search", PHRASE)  # human output
+        assert r.returncode == 0 and NOTE in r.stdout.splitlines()[0]
+        r = ragctl("--socket", str(d.socket), "sources")
+        assert "obsidian-tasks-docs" in r.stdout and "obsidian" in r.stdout
+        r = ragctl("--config", cfg, "reindex", "--source", "nope")
+        assert r.returncode == 1 and "no source named 'nope'" in r.stderr
+        r = ragctl("--config", cfg, "reindex", "--json")
+        assert json.loads(r.stdout) == {"queued": ["obsidian-tasks-docs"]}
+        d.wait_idle()
+        assert d.call("status")["totals"]["files_indexed"] == 2 * 118
+
+
+def test_ragctl_when_not_running(tmp_path):
+    sock = tmp_path / "nothing.sock"
+    for cmd in ("status", "stop", "sources"):
+        r = ragctl("--socket", sock, cmd)
+        assert r.returncode != 0
+        assert r.stderr.strip().count("\n") == 0
+        assert "ragd is not running" in r.stderr
+    r = ragctl("--socket", sock, "search", "x")
+    assert r.returncode != 0 and "not running" in r.stderr
+
+
+def test_ragctl_start_stop_and_environment_lookup(make_daemon, tmp_path):
+    d = make_daemon()  # writes the config; ragctl starts it
+    env = dict(os.environ, RAGD_CONFIG=str(d.config))
+    r = ragctl("start", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ragd started" in r.stdout
+    try:
+        r = ragctl("start", env=env)
+        assert "already running" in r.stdout
+        env2 = dict(os.environ, RAGD_SOCKET=str(d.socket))
+        r = ragctl("status", "--json", env=env2)
+        pid = json.loads(r.stdout)["pid"]
+        # XDG lookup: a config at $XDG_CONFIG_HOME/ragd/config.toml
+        xdg = tmp_path / "xdg"
+        (xdg / "ragd").mkdir(parents=True)
+        (xdg / "ragd" / "config.toml").write_text(d.config.read_text())
+        env3 = {k: v for k, v in os.environ.items() if not k.startswith("RAGD_")}
+        env3["XDG_CONFIG_HOME"] = str(xdg)
+        r = ragctl("status", "--json", env=env3)
+        assert json.loads(r.stdout)["pid"] == pid
+    finally:
+        r = ragctl("stop", env=env)
+    assert r.returncode == 0 and "stopped" in r.stdout
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not d.socket.exists()
+
+
+def test_ragctl_start_reports_a_config_error(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[daemon]\ndata_dir = "%s"\nsokcet = "x"\n' % (tmp_path / "d"))
+    r = ragctl("--config", cfg, "start")
+    assert r.returncode != 0
+    assert "sokcet" in r.stderr and str(cfg) in r.stderr
+
+
+def test_second_daemon_is_refused_with_pid(make_daemon, tmp_path):
+    with make_daemon() as d:
+        second = subprocess.run([sys.executable, "-m", "ragd", "--config", str(d.config)],
+                                capture_output=True, text=True, timeout=30)
+        assert second.returncode == 1
+        assert second.stderr.strip() == (
+            f"ragd: ragd is already running (pid {d.proc.pid}) on data dir "
+            f"{tmp_path / 'data'}; stop it with 'ragctl stop' first")
+        assert d.call("ping")["pid"] == d.proc.pid  # the first one is unharmed
+
+
+def test_stop_and_restart_keeps_the_index(make_daemon):
+    d = make_daemon()
+    with d:
+        d.wait_idle()
+        before = d.call("search", query=PHRASE, k=3)["results"]
+        chunks = d.call("status")["sources"][0]["chunks"]
+        # SIGTERM is a clean stop: exit 0, socket removed.
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(20) == 0
+        assert not d.socket.exists()
+    with d:
+        st = d.wait_idle()
+        # Nothing changed on disk, so nothing was read, let alone re-chunked.
+        assert st["totals"]["files_indexed"] == 0
+        assert st["sources"][0]["chunks"] == chunks
+        after = d.call("search", query=PHRASE, k=3)["results"]
+        assert [(r["path"], r["line_start"]) for r in after] == \
+            [(r["path"], r["line_start"]) for r in before]
+
+
+def test_changes_while_stopped_are_picked_up_on_start(make_daemon, tmp_path):
+    d = make_daemon()
+    vault = tmp_path / "vaults" / "obsidian-tasks-docs"
+    with d:
+        d.wait_idle()
+    (vault / "new note.md").write_text("# Zebra crossing\n\nThe quokka sat by the zebra crossing.\n")
+    os.remove(vault / NOTE)
+    with d:
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == 1 and st["totals"]["files_removed"] == 1
+        hits = d.call("search", query="quokka", k=3)["results"]
+        assert hits[0]["path"] == str(vault / "new note.md") and hits[0]["line_start"] == 3
+        hits = d.call("search", query=PHRASE, k=10)["results"]
+        assert all(not h["path"].endswith(NOTE) for h in hits)
+
+
+def test_bad_files_are_skipped_with_reasons_and_the_daemon_lives(make_daemon, tmp_path):
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "good.md").write_text("The okapi grazes in the forest.\n")
+    (root / "binary.md").write_bytes(b"\x00\x01\x02 okapi")
+    (root / "latin1.txt").write_bytes("caf\xe9 okapi menu".encode("latin-1"))
+    (root / "big.txt").write_text("okapi " * 3000)
+    (root / "dangling.md").symlink_to(root / "missing-target.md")
+    d = make_daemon(sources=[{"name": "docs", "path": str(root), "kind": "folder"}],
+                    extra="[index]\nmax_file_bytes = 10000")
+    with d:
+        st = d.wait_idle()
+        s = st["sources"][0]
+        assert (s["files"], s["skipped"], s["failed"]) == (2, 3, 0)
+        import sqlite3
+        db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+        reasons = dict(db.execute("SELECT relpath, reason FROM files"))
+        assert reasons["binary.md"] == "binary file (contains NUL bytes)"
+        assert reasons["big.txt"].startswith("too large")
+        assert reasons["dangling.md"] == "broken symlink"
+        assert reasons["latin1.txt"].startswith("invalid UTF-8")
+        assert reasons["good.md"] is None
+        hits = d.call("search", query="okapi", k=10)["results"]
+        assert {os.path.basename(h["path"]) for h in hits} == {"good.md", "latin1.txt"}
+
+
+def test_sigterm_during_initial_index_leaves_a_consistent_index(make_daemon, tmp_path):
+    d = make_daemon(vaults=("dwarvesf-brain",))
+    d.start()
+    time.sleep(0.3)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(30) == 0
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    n_chunks = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    n_fts = db.execute("SELECT COUNT(*) FROM chunks_fts").fetchone()[0]
+    assert n_chunks == n_fts
+    assert db.execute("SELECT COUNT(*) FROM chunks c LEFT JOIN files f ON f.id = c.file_id "
+                      "WHERE f.id IS NULL").fetchone()[0] == 0
+    assert db.execute("INSERT INTO chunks_fts(chunks_fts) VALUES('integrity-check')") is not None
+    db.close()
+    with d:
+        st = d.wait_idle()
+        assert st["sources"][0]["files"] + st["sources"][0]["skipped"] == 885
