@@ -133,20 +133,37 @@ def do_status(args) -> int:
                   f"  {s['kind']}  {s['path']}")
             if s.get("last_error"):
                 print(f"    last error: {s['last_error']}")
+        for role, e in st.get("engines", {}).items():
+            line = f"{role} engine: {e.get('state')}  model {e.get('model')}"
+            if role == "embedding" and "vectors" in e:
+                line += (f"  {e['vectors']} vectors, {e['pending_texts']} texts to embed "
+                         f"({e['embedder']})")
+            print(line)
+            for note in (e.get("space_note"), e.get("reason")):
+                if note:
+                    print("    " + note.replace("\n", "\n    "))
 
     emit(args, st, human)
     return 0
 
 
 def do_search(args) -> int:
-    kw = {"query": args.query, "mode": args.mode}
-    if args.k is not None:
-        kw["k"] = args.k
+    kw = {"query": args.query}
+    for key in ("mode", "k", "rerank"):
+        if getattr(args, key) is not None:
+            kw[key] = getattr(args, key)
     if args.source:
         kw["sources"] = args.source
     res = call(args, "search", **kw)
 
     def human(res):
+        notes = []
+        if res.get("degraded"):
+            notes.append(f"degraded to BM25: {res.get('reason')}")
+        if res.get("rerank_reason"):
+            notes.append(f"not reranked: {res['rerank_reason']}")
+        for note in notes:
+            print(f"({note})")
         if not res["results"]:
             print(f"no results ({res.get('reason') or 'nothing matched'})")
         for i, r in enumerate(res["results"], 1):
@@ -214,7 +231,10 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("search", parents=[common], help="search the index")
     p.add_argument("query", help="free text; \"quoted phrases\" stay phrases")
     p.add_argument("-k", type=int, help="number of results (default: search.k in the config)")
-    p.add_argument("--mode", choices=["bm25"], default="bm25", help="ranking (default: bm25)")
+    p.add_argument("--mode", choices=["hybrid", "vector", "bm25"],
+                   help="ranking (default: search.mode in the config, hybrid)")
+    p.add_argument("--rerank", action=argparse.BooleanOptionalAction, default=None,
+                   help="rerank with the cross-encoder (default: when one is configured)")
     p.add_argument("--source", action="append", metavar="NAME",
                    help="search only this source (repeatable)")
     p.set_defaults(func=do_search)

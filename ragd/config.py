@@ -38,8 +38,35 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "search": {
         "k": (int, 10),
         "candidates": (int, 100),
+        "mode": (str, "hybrid"),
+        "rrf_k": (int, 60),
+        "min_similarity": (float, -1.0),
+        "rerank": (bool, True),
+    },
+    "engines": {
+        "llama_server": (str, ""),
+        "threads": (int, 2),
+        "startup_timeout": (float, 60.0),
+        "max_restarts": (int, 5),
+        "restart_window": (float, 300.0),
+    },
+    "embedding": {
+        "model": (str, "all-MiniLM-L6-v2"),
+        "pooling": (str, ""),
+        "query_prefix": (str, None),
+        "doc_prefix": (str, None),
+        "batch_tokens": (int, 1024),
+        "vector_dtype": (str, "float32"),
+    },
+    "reranker": {
+        "model": (str, ""),
+        "pooling": (str, ""),
+        "top": (int, 20),
+        "budget_ms": (int, 4000),
     },
 }
+SEARCH_MODES = ("hybrid", "vector", "bm25")
+POOLINGS = ("", "mean", "cls", "last", "rank", "none")
 SOURCE_SCHEMA: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "name": (str, None),
     "path": (str, None),
@@ -73,7 +100,29 @@ class Config:
     max_file_bytes: int = 10 * 1024 * 1024
     search_k: int = 10
     search_candidates: int = 100
+    search_mode: str = "hybrid"
+    rrf_k: int = 60
+    min_similarity: float = -1.0
+    rerank: bool = True
+    llama_server: str = ""
+    engine_threads: int = 2
+    engine_startup_timeout: float = 60.0
+    engine_max_restarts: int = 5
+    engine_restart_window: float = 300.0
+    embedding_model: str = "all-MiniLM-L6-v2"
+    embedding_pooling: str = ""
+    embedding_query_prefix: str | None = None
+    embedding_doc_prefix: str | None = None
+    embed_batch_tokens: int = 1024
+    vector_dtype: str = "float32"
+    reranker_model: str = ""
+    reranker_pooling: str = ""
+    rerank_top: int = 20
+    rerank_budget_ms: int = 4000
     sources: list[Source] = field(default_factory=list)
+
+    def pooling_for(self, role: str) -> str | None:
+        return (self.embedding_pooling if role == "embedding" else self.reranker_pooling) or None
 
     @property
     def db_path(self) -> Path:
@@ -101,8 +150,11 @@ def _type_name(value: Any) -> str:
 
 
 def _check(where: str, key: str, value: Any, expected) -> None:
-    # bool is a subclass of int; a config saying `chunk_words = true` is a mistake.
-    ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+    # bool is a subclass of int; a config saying `chunk_words = true` is a mistake. An integer
+    # is a fine float.
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return
+    ok = isinstance(value, expected) and not (expected in (int, float) and isinstance(value, bool))
     if not ok:
         raise ConfigError(f"{where}: {key} must be {_TYPE_NAMES.get(expected, expected)}, "
                           f"got {_type_name(value)} {value!r}")
@@ -143,16 +195,30 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
         values[table] = {}
         for key, (typ, default) in keys.items():
             value = given.get(key, default)
-            _check(where, f"{table}.{key}", value, typ)
+            if value is not None:  # None: absent and computed later (e.g. registry prefixes)
+                _check(where, f"{table}.{key}", value, typ)
+                if typ is float:
+                    value = float(value)
             values[table][key] = value
 
     d = values["daemon"]
     if d["log_level"] not in LOG_LEVELS:
         raise ConfigError(f"{where}: daemon.log_level must be one of {', '.join(LOG_LEVELS)}, "
                           f"got {d['log_level']!r}")
+    for table, key, allowed in (("search", "mode", SEARCH_MODES),
+                                ("embedding", "vector_dtype", ("float32", "float16")),
+                                ("embedding", "pooling", POOLINGS),
+                                ("reranker", "pooling", POOLINGS)):
+        if values[table][key] not in allowed:
+            raise ConfigError(f"{where}: {table}.{key} must be one of "
+                              f"{', '.join(repr(a) for a in allowed)}, got {values[table][key]!r}")
     for table, key, low in (("daemon", "max_connections", 1), ("index", "chunk_words", 20),
                             ("index", "max_file_bytes", 1), ("search", "k", 1),
-                            ("search", "candidates", 1)):
+                            ("search", "candidates", 1), ("search", "rrf_k", 1),
+                            ("engines", "threads", 1), ("engines", "startup_timeout", 1),
+                            ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
+                            ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
+                            ("reranker", "budget_ms", 1)):
         if values[table][key] < low:
             raise ConfigError(f"{where}: {table}.{key} must be at least {low}, "
                               f"got {values[table][key]}")
@@ -172,12 +238,24 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
             raise ConfigError(f"{where}: two sources are named {s.name!r}; names must be unique")
         seen.add(s.name)
 
+    if values["engines"]["llama_server"]:
+        _existing_file(where, "engines.llama_server", values["engines"]["llama_server"])
+    se, en, em, rr = values["search"], values["engines"], values["embedding"], values["reranker"]
     return Config(path=path, data_dir=data_dir, socket=sock, log_level=d["log_level"],
                   max_connections=d["max_connections"],
                   chunk_words=values["index"]["chunk_words"],
                   max_file_bytes=values["index"]["max_file_bytes"],
-                  search_k=values["search"]["k"], search_candidates=values["search"]["candidates"],
-                  sources=sources)
+                  search_k=se["k"], search_candidates=se["candidates"], search_mode=se["mode"],
+                  rrf_k=se["rrf_k"], min_similarity=se["min_similarity"], rerank=se["rerank"],
+                  llama_server=en["llama_server"], engine_threads=en["threads"],
+                  engine_startup_timeout=en["startup_timeout"],
+                  engine_max_restarts=en["max_restarts"],
+                  engine_restart_window=en["restart_window"],
+                  embedding_model=em["model"], embedding_pooling=em["pooling"],
+                  embedding_query_prefix=em["query_prefix"], embedding_doc_prefix=em["doc_prefix"],
+                  embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
+                  reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
+                  rerank_budget_ms=rr["budget_ms"], sources=sources)
 
 
 def _source(where: str, i: int, s: Any) -> Source:
@@ -217,6 +295,15 @@ def _source_from_cli(where: str, path: str, i: int) -> Source:
     kind = "obsidian" if (root / ".obsidian").is_dir() else "folder"
     return Source(name=root.name or f"source{i}", root=root, kind=kind,
                   include=tuple(DEFAULT_INCLUDE[kind]), exclude=())
+
+
+def _existing_file(where: str, key: str, value: str) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{where}: {key}: {path} does not exist")
+    if not os.access(path, os.X_OK):
+        raise ConfigError(f"{where}: {key}: {path} is not executable")
+    return path
 
 
 def _existing_dir(where: str, key: str, value: str) -> Path:

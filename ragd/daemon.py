@@ -15,6 +15,7 @@ import threading
 import time
 
 from ragd import __version__, config
+from ragd.engines.manager import Engines
 from ragd.index import store
 from ragd.index.indexer import Indexer
 from ragd.ops import Ops
@@ -114,12 +115,14 @@ def run(cfg: config.Config, background: bool) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stop.set())
 
-    indexer = Indexer(cfg, cfg.db_path)
-    ops = Ops(cfg, indexer, request_stop=stop.set)
+    engines = Engines(cfg)
+    indexer = Indexer(cfg, cfg.db_path, listener=engines)
+    ops = Ops(cfg, indexer, engines, request_stop=stop.set)
     server = Server(cfg.socket, ops.dispatch, cfg.max_connections)
     indexer.start()
     try:
         server.start()
+        engines.start()
         if background:
             # From here on, stray output (a thread's traceback) lands in the log, not in the
             # pipe of the ragctl that started us.
@@ -141,6 +144,7 @@ def run(cfg: config.Config, background: bool) -> int:
         ops.stopping.set()
         server.close()
         indexer.stop()
+        engines.stop()
         log.info("stopped")
     return 0
 

@@ -20,18 +20,17 @@ from ragd import protocol as P
 from ragd.config import Config
 from ragd.index import store
 from ragd.index.indexer import Indexer
-from ragd.search import bm25
+from ragd.search.hybrid import MODES, Searcher
 from ragd.server import AfterReply, OpError
 
 REQUIRED = object()
-MODES = ("bm25",)
 
 ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "ping": {},
     "status": {},
     "sources": {},
-    "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, "bm25"),
-               "sources": (list, None)},
+    "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, None),
+               "sources": (list, None), "rerank": (bool, None)},
     "reindex": {"source": (str, None)},
     "stop": {},
 }
@@ -78,9 +77,11 @@ class ReadPool:
 
 
 class Ops:
-    def __init__(self, cfg: Config, indexer: Indexer, request_stop: Callable[[], None]):
+    def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None]):
         self.cfg = cfg
         self.indexer = indexer
+        self.engines = engines
+        self.searcher = Searcher(cfg, engines)
         self.request_stop = request_stop
         self.reads = ReadPool(cfg.db_path)
         self.started = time.time()
@@ -102,6 +103,7 @@ class Ops:
     def cmd_status(self) -> dict:
         with self.reads.conn() as db:
             counts = store.source_counts(db)
+            engines = self.engines.status(db)
         per_source = []
         for s in self.cfg.sources:
             c = counts.get(s.name, {})
@@ -119,7 +121,7 @@ class Ops:
             "data_dir": str(self.cfg.data_dir), "socket": str(self.cfg.socket),
             "config": str(self.cfg.path) if self.cfg.path else None,
             "pending": self.indexer.pending, "idle": self.indexer.idle,
-            "sources": per_source,
+            "sources": per_source, "engines": engines,
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,
                        "files_removed": s.files_removed, "chunks_written": s.chunks_written},
@@ -129,9 +131,11 @@ class Ops:
         return [{"name": s.name, "path": str(s.root), "kind": s.kind, "include": list(s.include),
                  "exclude": list(s.exclude)} for s in self.cfg.sources]
 
-    def cmd_search(self, query: str, k: int | None, mode: str, sources: list | None) -> dict:
+    def cmd_search(self, query: str, k: int | None, mode: str | None, sources: list | None,
+                   rerank: bool | None) -> dict:
         t0 = time.perf_counter()
         k = self.cfg.search_k if k is None else k
+        mode = mode or self.cfg.search_mode
         if not 1 <= k <= 1000:
             raise OpError(P.BAD_ARGS, f"search: 'k' must be between 1 and 1000, got {k}")
         if mode not in MODES:
@@ -143,14 +147,19 @@ class Ops:
                 raise OpError(P.NOT_FOUND, f"search: no source named {bad[0]!r}; "
                               f"known: {', '.join(s.name for s in self.cfg.sources) or 'none'}")
         with self.reads.conn() as db:
-            hits = bm25.search(db, query, k, sources)
-            results = self._results(db, [(h.chunk_id, h.score, {"bm25": h.score}) for h in hits])
-        return {"query": query, "mode": mode, "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
-                "results": results}
+            ranked, info = self.searcher.run(db, query, k, mode, sources, rerank)
+            results = self._results(db, [(c.chunk_id, c.score, c.parts) for c in ranked], k)
+        reply = {"query": query, "mode": info["mode"],
+                 "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), "results": results}
+        reply.update({key: v for key, v in info.items() if key not in ("mode", "nothing_relevant")})
+        reply.setdefault("degraded", False)
+        return reply
 
-    def _results(self, db: sqlite3.Connection, ranked: list[tuple[int, float, dict]]) -> list:
+    def _results(self, db: sqlite3.Connection, ranked: list[tuple[int, float, dict]],
+                 k: int) -> list:
         if not ranked:
             return []
+        ranked = ranked[:k + 20]  # a few spare in case some were deleted meanwhile
         ids = [cid for cid, _, _ in ranked]
         rows = {r["id"]: r for r in db.execute(
             "SELECT c.id, c.heading, c.line_start, c.line_end, c.text, f.source, f.relpath, "
@@ -168,6 +177,8 @@ class Ops:
                 "heading": r["heading"], "score": round(score, 6), "scores": parts,
                 "text": r["text"], "indexed_at": r["indexed_at"],
             })
+            if len(out) == k:
+                break
         return out
 
     def cmd_reindex(self, source: str | None) -> dict:

@@ -32,10 +32,18 @@ def copy_vault(name: str, dest: Path) -> Path:
     return dest
 
 
+MODELS = SHARED / "models"
+EMBED_MODEL = MODELS / "all-MiniLM-L6-v2-q8_0.gguf"
+RERANK_MODEL = MODELS / "test-reranker-minilm-q8_0.gguf"
+BM25_ONLY = '[embedding]\nmodel = ""\n'
+WITH_EMBEDDINGS = f'[embedding]\nmodel = "{EMBED_MODEL}"\n'
+
+
 def write_config(path: Path, data_dir: Path, socket: Path, sources: list[dict],
-                 extra: str = "") -> Path:
+                 extra: str = BM25_ONLY) -> Path:
+    """A config for a test daemon; `extra` is appended TOML (default: no embedding model)."""
     lines = ["[daemon]", f'data_dir = "{data_dir}"', f'socket = "{socket}"', 'log_level = "debug"',
-             extra, ""]
+             "", extra, ""]
     for s in sources:
         lines.append("[[sources]]")
         for k, v in s.items():
@@ -124,7 +132,7 @@ def make_daemon(tmp_path):
     """Build a daemon over copies of the named vaults: make_daemon(["obsidian-tasks-docs"])."""
     started: list[Daemon] = []
 
-    def make(vaults=("obsidian-tasks-docs",), sources=None, extra: str = "",
+    def make(vaults=("obsidian-tasks-docs",), sources=None, extra: str = BM25_ONLY,
              socket: Path | None = None) -> Daemon:
         if sources is None:
             sources = []

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import ragctl
+from conftest import BM25_ONLY, ragctl
 
 PHRASE = "chrono library reads dates very flexibly"
 NOTE = "Queries/Filters.md"
@@ -179,7 +179,7 @@ def test_bad_files_are_skipped_with_reasons_and_the_daemon_lives(make_daemon, tm
     (root / "big.txt").write_text("okapi " * 3000)
     (root / "dangling.md").symlink_to(root / "missing-target.md")
     d = make_daemon(sources=[{"name": "docs", "path": str(root), "kind": "folder"}],
-                    extra="[index]\nmax_file_bytes = 10000")
+                    extra=BM25_ONLY + "[index]\nmax_file_bytes = 10000")
     with d:
         st = d.wait_idle()
         s = st["sources"][0]

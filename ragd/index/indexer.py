@@ -48,7 +48,10 @@ class Stats:
 
 
 class Indexer:
-    def __init__(self, cfg: Config, db_path: Path):
+    def __init__(self, cfg: Config, db_path: Path, listener=None):
+        # listener: has .sync (a lock) and .chunks_changed(db, removed, added), called after
+        # each commit with the lock held (the embedder, mirroring chunks into the vectors).
+        self.listener = listener
         self.cfg = cfg
         self.db_path = db_path
         self.stats = Stats(per_source={s.name: SourceState() for s in cfg.sources})
@@ -155,10 +158,11 @@ class Indexer:
                    or known[rel].mtime_ns != seen.mtime_ns]
         gone = [known[rel].id for rel in known.keys() - on_disk.keys()]
         if gone:
+            changes = store.Changes()
             self._db.execute("BEGIN IMMEDIATE")
             for file_id in gone:
-                store.delete_file(self._db, file_id)
-            self._db.execute("COMMIT")
+                store.delete_file(self._db, file_id, changes)
+            self._commit(changes)
             self.stats.files_removed += len(gone)
         with self._cv:
             for rel in changed:
@@ -172,6 +176,7 @@ class Indexer:
         """Index queued paths in batched transactions until the queue is empty or a scan waits."""
         while True:
             batch_start, n = time.monotonic(), 0
+            changes = store.Changes()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 while n < BATCH_FILES and time.monotonic() - batch_start < BATCH_SECONDS:
@@ -179,20 +184,31 @@ class Indexer:
                         if self._stop or not self._paths:
                             break
                         (name, rel), force = self._paths.popitem(last=False)
-                    self._index_one(self._source(name), rel, force)
+                    self._index_one(self._source(name), rel, force, changes)
                     n += 1
-                self._db.execute("COMMIT")
+                self._commit(changes)
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
             with self._cv:
                 self._cv.notify_all()
                 if self._stop or not self._paths or self._scans:
                     return
 
-    def _index_one(self, src: Source, rel: str, force: bool) -> None:
+    def _commit(self, changes: store.Changes) -> None:
+        if self.listener is None:
+            self._db.execute("COMMIT")
+            return
+        with self.listener.sync:
+            self._db.execute("COMMIT")
+            if changes.removed or changes.added:
+                self.listener.chunks_changed(self._db, changes.removed, changes.added)
+
+    def _index_one(self, src: Source, rel: str, force: bool, batch: store.Changes) -> None:
         path = src.root / rel
         db = self._db
+        changes = store.Changes()
         row = db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
                          (src.name, rel)).fetchone()
         db.execute("SAVEPOINT file")
@@ -202,14 +218,16 @@ class Indexer:
             except sources.Unreadable as e:
                 if str(e) == "file vanished":
                     if row is not None:
-                        store.delete_file(db, row["id"])
+                        store.delete_file(db, row["id"], changes)
                         self.stats.files_removed += 1
                 else:
                     size, mtime_ns = _stat(path)
-                    store.put_file(db, src.name, rel, size, mtime_ns, None, "skipped", str(e), [])
+                    store.put_file(db, src.name, rel, size, mtime_ns, None, "skipped", str(e), [],
+                                   changes)
                     self.stats.files_skipped += 1
                     log.info("skipped %s/%s: %s", src.name, rel, e)
                 db.execute("RELEASE file")
+                batch.extend(changes)
                 return
             if (not force and row is not None and row["hash"] == content.hash
                     and row["status"] == "indexed"):
@@ -220,10 +238,11 @@ class Indexer:
             title = Path(rel).stem
             pieces = chunker.chunk_text(content.text, self.cfg.chunk_words, title=title)
             records = [store.ChunkRecord(i, c.heading, c.line_start, c.line_end, c.text,
-                                         c.text_hash) for i, c in enumerate(pieces)]
+                                         c.text_hash, c.embed_hash) for i, c in enumerate(pieces)]
             store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
-                           "indexed", content.warning, records)
+                           "indexed", content.warning, records, changes)
             db.execute("RELEASE file")
+            batch.extend(changes)
             self.stats.files_indexed += 1
             self.stats.chunks_written += len(records)
         except Exception as e:
@@ -232,8 +251,10 @@ class Indexer:
             db.execute("RELEASE file")
             log.exception("failed to index %s/%s", src.name, rel)
             size, mtime_ns = _stat(path)
+            changes = store.Changes()
             store.put_file(db, src.name, rel, size, mtime_ns, None, "failed",
-                           f"{type(e).__name__}: {e}", [])
+                           f"{type(e).__name__}: {e}", [], changes)
+            batch.extend(changes)
             self.stats.files_failed += 1
             self.stats.per_source[src.name].last_error = f"{rel}: {type(e).__name__}: {e}"
 

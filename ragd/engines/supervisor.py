@@ -1,0 +1,259 @@
+"""Supervision of one llama.cpp server per role (embedding, reranker).
+
+Each engine is a child process: the native ``llama-server`` when the config names one, else the
+bundled engine (ragd/engines/bundled.py). Both are started, health-checked and stopped the same
+way. A monitor thread per engine:
+
+- removes a stale socket file, starts the process, polls ``/health`` until it answers or the
+  start-up deadline passes (no fixed sleeps);
+- watches it: a process that exits, or a ``/health`` that fails HUNG_CHECKS times in a row, is
+  killed and restarted after an exponential backoff (capped at BACKOFF_MAX);
+- after ``max_restarts`` failures within ``restart_window`` seconds the engine is marked
+  ``failed``, with the last lines of its log as the reason, and left down.
+
+No orphans: children run in their own process group, get SIGTERM then SIGKILL on stop, and have
+PR_SET_PDEATHSIG set so the kernel kills them if ragd itself dies (even by SIGKILL). Logs go to
+``<data_dir>/engines/<role>.log``.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragd.engines.client import EngineClient
+from ragd.engines.models import ResolvedModel
+
+log = logging.getLogger("ragd.engines")
+
+BACKOFF_START = 0.5
+BACKOFF_MAX = 30.0
+HEALTH_EVERY = 2.0
+HEALTH_TIMEOUT = 10.0
+HUNG_CHECKS = 3
+
+STOPPED, STARTING, READY, RESTARTING, FAILED = "stopped", "starting", "ready", "restarting", "failed"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    llama_server: str = ""  # path of a native binary; "" = the bundled engine
+    threads: int = 2
+    startup_timeout: float = 60.0
+    max_restarts: int = 5
+    restart_window: float = 300.0
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass  # not Linux: the process group and stop() still clean up
+
+
+def command(role: str, model: ResolvedModel, sock: Path, settings: EngineSettings) -> list[str]:
+    ctx = str(model.context)
+    if settings.llama_server:
+        cmd = [settings.llama_server, "-m", str(model.path), "--host", str(sock),
+               "-c", ctx, "-b", ctx, "-ub", ctx, "-np", "1", "-t", str(settings.threads),
+               "--pooling", model.pooling, "--no-webui"]
+        cmd += ["--reranking"] if role == "reranker" else ["--embedding"]
+        return cmd
+    return [sys.executable, "-m", "ragd.engines.bundled", "--model", str(model.path),
+            "--host", str(sock), "--role", role, "--pooling", model.pooling, "--ctx-size", ctx,
+            "--threads", str(settings.threads)]
+
+
+class Engine:
+    def __init__(self, role: str, model: ResolvedModel, settings: EngineSettings,
+                 run_dir: Path, log_dir: Path):
+        self.role = role
+        self.model = model
+        self.settings = settings
+        self.socket = run_dir / f"{role}.sock"
+        self.log_path = log_dir / f"{role}.log"
+        self.client = EngineClient(str(self.socket))
+        self.state = STOPPED
+        self.reason: str | None = None
+        self.restarts = 0
+        self.pid: int | None = None
+        self.ready_since: float | None = None
+        self._proc: subprocess.Popen | None = None
+        self._failures: collections.deque[float] = collections.deque()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._monitor, name=f"engine-{role}", daemon=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- control ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self._ready.wait(timeout)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kill("stopping")
+        if self._thread.is_alive():
+            self._thread.join(15)
+        self.state = STOPPED
+
+    def status(self) -> dict:
+        return {"role": self.role, "state": self.state, "reason": self.reason, "pid": self.pid,
+                "restarts": self.restarts, "model": self.model.name,
+                "model_path": str(self.model.path),
+                "engine": self.settings.llama_server or "bundled (xllamacpp)",
+                "log": str(self.log_path)}
+
+    def tail_log(self, lines: int = 8) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 8192))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    # -- the monitor thread ----------------------------------------------------------------------
+
+    def _spawn(self) -> subprocess.Popen:
+        if self.socket.exists() or self.socket.is_symlink():
+            self.socket.unlink()  # a stale socket makes the server fail to bind
+        cmd = command(self.role, self.model, self.socket, self.settings)
+        logf = open(self.log_path, "ab")
+        logf.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n"
+                   .encode())
+        logf.flush()
+        try:
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                    start_new_session=True, preexec_fn=_set_pdeathsig)
+        finally:
+            logf.close()
+
+    def _kill(self, why: str) -> None:
+        with self._lock:
+            proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        log.info("%s engine (pid %d): %s, sending SIGTERM", self.role, proc.pid, why)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            log.warning("%s engine (pid %d) did not exit after SIGTERM, sending SIGKILL",
+                        self.role, proc.pid)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(5)
+
+    def _wait_health(self, proc: subprocess.Popen) -> bool:
+        deadline = time.monotonic() + self.settings.startup_timeout
+        delay = 0.02
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if proc.poll() is not None:
+                return False
+            if self.client.health(2.0):
+                return True
+            self._stop.wait(delay)
+            delay = min(delay * 1.5, 0.25)
+        return False
+
+    def _monitor(self) -> None:
+        backoff = BACKOFF_START
+        while not self._stop.is_set():
+            self.state = STARTING if self.restarts == 0 else RESTARTING
+            t0 = time.monotonic()
+            try:
+                proc = self._spawn()
+            except OSError as e:
+                self._failed(f"cannot start {self.role} engine: {e}")
+                return
+            with self._lock:
+                self._proc = proc
+            self.pid = proc.pid
+            if self._wait_health(proc):
+                self.state, self.reason = READY, None
+                self.ready_since = time.time()
+                self._ready.set()
+                log.info("%s engine ready (pid %d, %.2fs, model %s)", self.role, proc.pid,
+                         time.monotonic() - t0, self.model.name)
+                why = self._watch(proc)
+                backoff = BACKOFF_START  # it ran: start the next backoff from the bottom
+            else:
+                why = ("exited during start-up" if proc.poll() is not None else
+                       f"not healthy within {self.settings.startup_timeout:.0f}s")
+            self._ready.clear()
+            self._kill(why)
+            if self._stop.is_set():
+                return
+            now = time.monotonic()
+            self._failures.append(now)
+            while self._failures and now - self._failures[0] > self.settings.restart_window:
+                self._failures.popleft()
+            code = proc.poll()
+            self.reason = f"{why} (exit status {code})" if code is not None else why
+            log.warning("%s engine %s", self.role, self.reason)
+            if len(self._failures) >= self.settings.max_restarts:
+                self._failed(f"{self.role} engine failed {len(self._failures)} times within "
+                             f"{self.settings.restart_window:.0f}s; last: {self.reason}\n"
+                             f"{self.tail_log()}")
+                return
+            self.state = RESTARTING
+            log.info("restarting the %s engine in %.1fs", self.role, backoff)
+            if self._stop.wait(backoff):
+                return
+            backoff = min(backoff * 2, BACKOFF_MAX)
+            self.restarts += 1
+
+    def _watch(self, proc: subprocess.Popen) -> str:
+        """Block until the engine dies, hangs, or we stop. Waiting on the process (not a
+        sleep) notices a death at once; /health between waits notices a hang."""
+        misses = 0
+        while not self._stop.is_set():
+            try:
+                proc.wait(HEALTH_EVERY / 4 if misses else HEALTH_EVERY)
+                self._ready.clear()
+                return "stopping" if self._stop.is_set() else "exited"
+            except subprocess.TimeoutExpired:
+                pass
+            if self.client.health(HEALTH_TIMEOUT):
+                misses = 0
+                self._ready.set()
+                continue
+            if proc.poll() is not None or self._stop.is_set():
+                continue
+            misses += 1
+            self._ready.clear()
+            if misses >= HUNG_CHECKS:
+                return f"hung (/health failed {misses} times)"
+        return "stopping"
+
+    def _failed(self, reason: str) -> None:
+        self.state, self.reason = FAILED, reason
+        self._ready.clear()
+        log.error("%s", reason)

@@ -1,0 +1,99 @@
+"""Chunk vectors in memory: one numpy matrix, so a query is one matrix-vector product.
+
+Rows are L2-normalised, so the product is the cosine. Adding and removing chunks updates the
+matrix in place (append into spare capacity; remove by moving the last row into the hole), never
+a full reload. float32 by default; float16 halves the memory when configured.
+
+On disk a vector is little-endian float32 bytes (embeddings.vector).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+def to_blob(v: np.ndarray) -> bytes:
+    return np.asarray(v, dtype="<f4").tobytes()
+
+
+def from_blob(b: bytes) -> np.ndarray:
+    return np.frombuffer(b, dtype="<f4")
+
+
+class VectorIndex:
+    def __init__(self, dims: int, dtype: str = "float32", space: int | None = None):
+        self.dims = dims
+        self.space = space
+        self.dtype = np.dtype(dtype)
+        self._m = np.empty((1024, dims), dtype=self.dtype)
+        self._ids = np.empty(1024, dtype=np.int64)
+        self._row: dict[int, int] = {}
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, chunk_id: int) -> bool:
+        return chunk_id in self._row
+
+    @property
+    def nbytes(self) -> int:
+        return self._n * self.dims * self.dtype.itemsize
+
+    def add(self, ids: list[int], vectors: np.ndarray) -> None:
+        """Add (or replace) rows for these chunk ids."""
+        if not len(ids):
+            return
+        vectors = np.asarray(vectors).reshape(len(ids), self.dims)
+        with self._lock:
+            need = self._n + len(ids)
+            if need > len(self._ids):
+                cap = max(need, 2 * len(self._ids))
+                m = np.empty((cap, self.dims), dtype=self.dtype)
+                m[:self._n] = self._m[:self._n]
+                i = np.empty(cap, dtype=np.int64)
+                i[:self._n] = self._ids[:self._n]
+                self._m, self._ids = m, i
+            for cid, vec in zip(ids, vectors):
+                row = self._row.get(cid)
+                if row is None:
+                    row = self._n
+                    self._n += 1
+                    self._row[cid] = row
+                    self._ids[row] = cid
+                self._m[row] = vec
+
+    def remove(self, ids) -> int:
+        """Drop rows for these chunk ids (unknown ids are ignored); returns how many went."""
+        gone = 0
+        with self._lock:
+            for cid in ids:
+                row = self._row.pop(cid, None)
+                if row is None:
+                    continue
+                last = self._n - 1
+                if row != last:
+                    moved = int(self._ids[last])
+                    self._m[row] = self._m[last]
+                    self._ids[row] = moved
+                    self._row[moved] = row
+                self._n -= 1
+                gone += 1
+        return gone
+
+    def search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk ids, cosines) of the k nearest rows, best first."""
+        q = np.asarray(query, dtype=self.dtype).reshape(self.dims)
+        with self._lock:
+            n = self._n
+            if n == 0:
+                return np.empty(0, np.int64), np.empty(0, np.float32)
+            scores = (self._m[:n] @ q).astype(np.float32)
+            ids = self._ids[:n].copy()
+        k = min(k, n)
+        top = np.argpartition(-scores, k - 1)[:k]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return ids[top], scores[top]

@@ -1,0 +1,182 @@
+"""Hybrid ranking: BM25 (FTS5) and dense vectors, fused with Reciprocal Rank Fusion, optionally
+reranked by a cross-encoder.
+
+    vector top-N  ┐
+                  ├─ RRF (k=60) ─ threshold ─ rerank top-M within a time budget ─ top k
+    FTS5 top-N    ┘
+
+RRF adds 1/(k + rank) over the lists a chunk appears in, so neither score scale dominates.
+The threshold looks at the best cosine: below it the answer is "nothing relevant" (no results,
+with the reason), and nothing is reranked. When the embedding engine is down, search answers
+from BM25 alone and says so (``degraded``); when the reranker is down or slow, the fused order
+is returned and the reply says it was not reranked.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ragd.engines.client import EngineError, EngineUnavailable
+from ragd.search import bm25
+
+MODES = ("hybrid", "vector", "bm25")
+
+
+@dataclass
+class Candidate:
+    chunk_id: int
+    score: float
+    parts: dict = field(default_factory=dict)
+
+
+def rrf(lists: list[list[int]], k: int = 60) -> dict[int, float]:
+    scores: dict[int, float] = {}
+    for ranked in lists:
+        for rank, cid in enumerate(ranked, 1):
+            scores[cid] = scores.get(cid, 0.0) + 1.0 / (k + rank)
+    return scores
+
+
+def _filter_sources(db: sqlite3.Connection, ids: np.ndarray, sources: list[str]) -> np.ndarray:
+    if not len(ids):
+        return np.zeros(0, dtype=bool)
+    id_list = [int(i) for i in ids]
+    keep = {r[0] for r in db.execute(
+        f"SELECT c.id FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN "
+        f"({','.join('?' * len(id_list))}) AND f.source IN ({','.join('?' * len(sources))})",
+        [*id_list, *sources])}
+    return np.array([i in keep for i in id_list], dtype=bool)
+
+
+class Searcher:
+    def __init__(self, cfg, engines):
+        self.cfg = cfg
+        self.engines = engines
+
+    def threshold(self) -> float:
+        if self.cfg.min_similarity >= 0:
+            return self.cfg.min_similarity
+        model = self.engines.embed_model
+        return model.min_similarity if model is not None else 0.0
+
+    def run(self, db: sqlite3.Connection, query: str, k: int, mode: str,
+            sources: list[str] | None, rerank: bool | None) -> tuple[list[Candidate], dict]:
+        """Rank chunks for the query. Returns (candidates best first, reply fields)."""
+        info: dict = {"mode": mode}
+        n = max(self.cfg.search_candidates, k)
+        lists: dict[str, list[int]] = {}
+        parts: dict[int, dict] = {}
+
+        if mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
+            mode = info["mode"] = "bm25"  # dense search is off by configuration: not degraded
+        if mode in ("hybrid", "vector"):
+            why_not = self._vector_ranking(db, query, n, sources, lists, parts, info)
+            if why_not is not None:
+                info["degraded"] = True
+                info["reason"] = why_not
+                info["requested_mode"] = mode
+                mode = info["mode"] = "bm25"
+            elif info.get("nothing_relevant"):
+                return [], info
+        if mode in ("hybrid", "bm25"):
+            hits = bm25.search(db, query, n, sources)
+            lists["bm25"] = [h.chunk_id for h in hits]
+            for h in hits:
+                parts.setdefault(h.chunk_id, {})["bm25"] = round(h.score, 6)
+
+        if mode == "hybrid":
+            fused = rrf(list(lists.values()), self.cfg.rrf_k)
+            for cid, s in fused.items():
+                parts[cid]["rrf"] = round(s, 6)
+            order = sorted(fused, key=lambda c: -fused[c])
+            ranked = [Candidate(c, fused[c], parts[c]) for c in order]
+        else:
+            key = "vector" if mode == "vector" else "bm25"
+            ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists[key]]
+
+        info["reranked"] = False
+        if rerank is None:  # the default: rerank when a reranker is configured
+            rerank = self.cfg.rerank and "reranker" in self.engines.configured
+        if rerank and ranked:
+            self._rerank(db, query, ranked, info)
+        return ranked, info
+
+    def _vector_ranking(self, db, query, n, sources, lists, parts, info) -> str | None:
+        """Fill lists['vector']; return why vectors cannot be used, or None."""
+        engines = self.engines
+        emb = engines.embedder
+        if emb is None or emb.vectors is None or not engines.embed_engine.ready:
+            return engines.unavailable("embedding") or "the embedding engine is starting"
+        model = engines.embed_model
+        try:
+            qv = engines.embed_engine.client.embed([model.query_prefix + query], timeout=10.0)[0]
+        except (EngineUnavailable, EngineError) as e:
+            return f"the embedding engine is unavailable: {e}"
+        vi = emb.vectors
+        want = n * 4 if sources else n
+        ids, cos = vi.search(qv, want)
+        if sources:
+            mask = _filter_sources(db, ids, sources)
+            ids, cos = ids[mask], cos[mask]
+        ids, cos = ids[:n], cos[:n]
+        info["vector_space"] = vi.space
+        total = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        info["vector_coverage"] = round(len(vi) / total, 4) if total else 1.0
+        best = float(cos[0]) if len(cos) else -1.0
+        threshold = self.threshold()
+        info["best_similarity"] = round(best, 4)
+        if len(cos) and best < threshold:
+            info["nothing_relevant"] = True
+            info["reason"] = (f"nothing relevant: the best similarity {best:.3f} is below the "
+                              f"threshold {threshold:.3f} (search.min_similarity)")
+            return None
+        lists["vector"] = [int(i) for i in ids]
+        for cid, c in zip(lists["vector"], cos):
+            parts.setdefault(cid, {})["vector"] = round(float(c), 6)
+        return None
+
+    def _rerank(self, db, query: str, ranked: list[Candidate], info: dict) -> None:
+        engines = self.engines
+        eng = engines.rerank_engine
+        if eng is None:
+            info["rerank_reason"] = engines.unavailable("reranker") or "no reranker is configured"
+            return
+        if not eng.ready:
+            info["rerank_reason"] = f"the reranker is {eng.state}" + (
+                f": {eng.reason.splitlines()[0]}" if eng.reason else "")
+            return
+        top = ranked[:self.cfg.rerank_top]
+        ids = [c.chunk_id for c in top]
+        texts = dict(db.execute(f"SELECT id, text FROM chunks WHERE id IN "
+                                f"({','.join('?' * len(ids))})", ids).fetchall())
+        budget = self.cfg.rerank_budget_ms / 1000.0
+        deadline = time.monotonic() + budget
+        try:
+            limit = max(16, engines.rerank_model.context - len(eng.client.tokenize(query)) - 8)
+            docs = []
+            for cid in ids:
+                text = texts.get(cid, "")
+                if len(text.encode()) > limit:  # tokens <= bytes: only long texts need counting
+                    toks = eng.client.tokenize(text)
+                    if len(toks) > limit:
+                        text = eng.client.detokenize(toks[:limit])
+                docs.append(text)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineUnavailable("over the time budget while preparing")
+            scores = eng.client.rerank(query, docs, timeout=left)
+        except (EngineUnavailable, EngineError) as e:
+            info["rerank_reason"] = (f"the reranker did not answer within its "
+                                     f"{self.cfg.rerank_budget_ms} ms budget" if
+                                     time.monotonic() >= deadline else f"the reranker failed: {e}")
+            return
+        for c, s in zip(top, scores):
+            c.parts["rerank"] = round(s, 6)
+            c.score = s
+        top.sort(key=lambda c: -c.score)
+        ranked[:len(top)] = top
+        info["reranked"] = True
