@@ -198,6 +198,49 @@ def do_sources(args) -> int:
     return 0
 
 
+def do_models(args) -> int:
+    if args.action == "pull":
+        if not args.name:
+            raise Fail("usage: ragctl models pull NAME", 2)
+        return _pull(args, args.name)
+    res = call(args, "models")
+
+    def human(res):
+        print(f"models folder: {res['dir']}")
+        for m in res["models"]:
+            mark = "installed" if m["installed"] else "         "
+            role = m.get("role") or "?"
+            dims = f"{m['dims']}-d" if m.get("dims") else ""
+            print(f"  {mark}  {m['name']:<24} {role:<9} {dims:<6} {m['source']}")
+        for role, value in res["configured"].items():
+            print(f"configured {role}: {value or '(none)'}")
+
+    emit(args, res, human)
+    return 0
+
+
+def _pull(args, name: str) -> int:
+    bar = not args.json and sys.stderr.isatty()
+    with connect(args, timeout=None) as c:
+        req = c.send("models_pull", name=name)
+        result = None
+        for reply in c.replies(req):
+            if reply.get("final", True):
+                result = reply["result"]
+            elif bar:
+                done, total = reply["result"]["done"], reply["result"]["total"]
+                if total:
+                    filled = int(30 * done / total)
+                    print(f"\r[{'#' * filled}{'-' * (30 - filled)}] {done / 1e6:7.1f}/"
+                          f"{total / 1e6:.1f} MB", end="", file=sys.stderr, flush=True)
+                else:
+                    print(f"\r{done / 1e6:7.1f} MB", end="", file=sys.stderr, flush=True)
+        if bar:
+            print(file=sys.stderr)
+    emit(args, result, lambda r: print(f"{r['name']}: {r['path']} ({r['bytes']} bytes)"))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 
 def _common(top: bool) -> argparse.ArgumentParser:
@@ -243,6 +286,11 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=do_reindex)
     p = sub.add_parser("sources", parents=[common], help="list the configured sources")
     p.set_defaults(func=do_sources)
+    p = sub.add_parser("models", parents=[common],
+                       help="list models; 'models pull NAME' downloads one")
+    p.add_argument("action", nargs="?", choices=["list", "pull"], default="list")
+    p.add_argument("name", nargs="?", help="registry name, or OWNER/REPO/FILE.gguf on the hub")
+    p.set_defaults(func=do_models)
     return ap
 
 

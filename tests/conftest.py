@@ -158,3 +158,36 @@ def make_daemon(tmp_path):
 def ragctl(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ragctl", *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=timeout)
+
+
+def small_vault(dest: Path) -> Path:
+    """Two folders of the Obsidian Tasks docs (15 notes, ~110 chunks): small enough to embed in
+    seconds on two cores."""
+    for folder in ("How To", "Other Plugins"):
+        shutil.copytree(VAULTS / "obsidian-tasks-docs" / folder, dest / folder,
+                        copy_function=shutil.copy)
+    for dirpath, _, filenames in os.walk(dest):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    return dest
+
+
+def engine_config(embedding=EMBED_MODEL, reranker=None, extra: str = "") -> str:
+    toml = f'[embedding]\nmodel = "{embedding}"\n'
+    if reranker:
+        toml += f'[reranker]\nmodel = "{reranker}"\n'
+    return toml + extra
+
+
+def wait_embedded(d: Daemon, timeout: float = 180.0) -> dict:
+    """Poll until the index is idle and every chunk text has a vector."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = d.call("status")
+        e = st["engines"].get("embedding", {})
+        if (st["idle"] and st["pending"] == 0 and e.get("state") == "ready"
+                and e.get("embedder") == "idle" and e.get("pending_texts") == 0):
+            return st
+        time.sleep(0.1)
+    raise TimeoutError(f"not embedded after {timeout}s: {st}")

@@ -156,7 +156,7 @@ def resolve(value: str, role: str, data_dir: Path, *, fetch: bool = True,
         raise ModelError(f"unknown model {value!r}: give a path to a .gguf file or one of "
                          f"{', '.join(REGISTRY)}")
     if spec.role != role:
-        raise ModelError(f"{value} is a {spec.role} model, configured as the {role}")
+        raise ModelError(f"{value} is a model for the {spec.role} role, not the {role}")
     path = installed_path(spec, data_dir)
     if not path.is_file():
         if spec.pypi is not None and fetch:

@@ -66,7 +66,7 @@ class Searcher:
     def run(self, db: sqlite3.Connection, query: str, k: int, mode: str,
             sources: list[str] | None, rerank: bool | None) -> tuple[list[Candidate], dict]:
         """Rank chunks for the query. Returns (candidates best first, reply fields)."""
-        info: dict = {"mode": mode}
+        info: dict = {"mode": mode, "reranked": False}
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
         parts: dict[int, dict] = {}
@@ -98,7 +98,6 @@ class Searcher:
             key = "vector" if mode == "vector" else "bm25"
             ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists[key]]
 
-        info["reranked"] = False
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
         if rerank and ranked:

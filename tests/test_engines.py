@@ -1,0 +1,204 @@
+"""The real daemon with the real bundled engine and the shared GGUF models."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from conftest import (EMBED_MODEL, RERANK_MODEL, engine_config, small_vault, wait_embedded)
+
+
+def src(root) -> list[dict]:
+    return [{"name": "docs", "path": str(root), "kind": "obsidian"}]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead too
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=src(root), extra=engine_config())
+    with d:
+        st = wait_embedded(d)
+        e = st["engines"]["embedding"]
+        assert e["state"] == "ready" and e["vectors"] == st["sources"][0]["chunks"]
+        assert e["embedded_texts"] > 50 and e["failed"] == 0
+        res = d.call("search", query="make a task repeat on a schedule", k=5)
+        assert res["mode"] == "hybrid" and res["degraded"] is False
+        assert res["vector_coverage"] == 1.0
+        assert all("rrf" in r["scores"] for r in res["results"])
+        assert any({"vector", "bm25"} <= set(r["scores"]) for r in res["results"])
+        assert [r["score"] for r in res["results"]] == sorted(
+            (r["score"] for r in res["results"]), reverse=True)
+        vec = d.call("search", query="make a task repeat on a schedule", k=5, mode="vector")
+        assert vec["mode"] == "vector" and all(set(r["scores"]) == {"vector"}
+                                               for r in vec["results"])
+        assert 0 < vec["results"][-1]["score"] <= vec["results"][0]["score"] <= 1.0
+        # A distinctive note wins on meaning alone.
+        hit = d.call("search", query="styling the buttons of tasks with CSS", k=3,
+                     mode="vector")["results"]
+        assert any(h["path"].endswith("How to style buttons.md") for h in hit)
+        chunks = st["sources"][0]["chunks"]
+
+    # Restart with a threshold no real query reaches: nothing relevant, and nothing re-embedded.
+    d.config.write_text(d.config.read_text() + "[search]\nmin_similarity = 0.99\n")
+    with d:
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["embedded_texts"] == 0
+        assert st["engines"]["embedding"]["vectors"] == chunks
+        res = d.call("search", query="make a task repeat on a schedule", k=5)
+        assert res["results"] == [] and res["reason"].startswith("nothing relevant")
+        assert res["reranked"] is False
+        assert d.call("search", query="make a task repeat", k=5, mode="bm25")["results"]
+
+
+def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=src(root), extra=engine_config())
+    with d:
+        st = wait_embedded(d)
+        pid = st["engines"]["embedding"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        res = d.call("search", query="make a task repeat", k=3)
+        assert res["degraded"] is True and res["mode"] == "bm25"
+        assert res["requested_mode"] == "hybrid" and "engine" in res["reason"]
+        assert res["results"]  # BM25 still answers
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            e = d.call("status")["engines"]["embedding"]
+            if e["state"] == "ready" and e["pid"] != pid:
+                break
+            time.sleep(0.05)
+        assert e["state"] == "ready" and e["restarts"] == 1 and e["pid"] != pid
+        assert not alive(pid)
+        res = d.call("search", query="make a task repeat", k=3)
+        assert res["degraded"] is False and res["mode"] == "hybrid"
+        engine_pid = e["pid"]
+        # The daemon dies without cleaning up: the kernel takes the engine with it.
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while alive(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(engine_pid), "engine orphaned by a killed daemon"
+
+
+def test_engine_that_keeps_dying_is_marked_failed(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "vault")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)  # a model file llama.cpp cannot load
+    d = make_daemon(sources=src(root), extra=engine_config(
+        embedding=broken, extra="[engines]\nmax_restarts = 2\nrestart_window = 60\n"))
+    with d:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            e = d.call("status")["engines"]["embedding"]
+            if e["state"] == "failed":
+                break
+            time.sleep(0.1)
+        assert e["state"] == "failed"
+        assert "failed 2 times" in e["reason"]
+        assert "\n" in e["reason"]  # the last lines of the engine's log follow
+        res = d.call("search", query="make a task repeat", k=3)
+        assert res["degraded"] is True and "failed" in res["reason"] and res["results"]
+
+
+def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=src(root), extra=engine_config())
+    with d:
+        st = wait_embedded(d)
+        first_space = st["engines"]["embedding"]["space"]
+        n = st["engines"]["embedding"]["vectors"]
+    # Another model (the reranker's encoder, mean-pooled: a different vector space).
+    d.config.write_text(d.config.read_text().replace(str(EMBED_MODEL), str(RERANK_MODEL)))
+    with d:
+        st = d.wait_idle()
+        deadline = time.monotonic() + 30
+        while d.call("status")["engines"]["embedding"].get("space") is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        e = d.call("status")["engines"]["embedding"]
+        assert e["space"] != first_space and "model changed" in e["space_note"]
+        # Only vectors of the new space are in memory, however far its re-embedding got: a
+        # vector enters the matrix after its row is committed, so the matrix never holds more
+        # than the chunks with a vector in the new space (old ones would make it n at once).
+        db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+        in_new = db.execute("SELECT COUNT(*) FROM chunks c JOIN embeddings e ON e.space = ? AND "
+                            "e.text_hash = c.embed_hash", (e["space"],)).fetchone()[0]
+        assert e["vectors"] <= in_new
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["vectors"] == n
+        res = d.call("search", query="make a task repeat", k=3, mode="vector")
+        assert res["vector_space"] == e["space"]
+        old = db.execute("SELECT COUNT(*) FROM embeddings WHERE space = ?",
+                         (first_space,)).fetchone()[0]
+        assert old > 0  # the first model's cache is kept
+    # Switching back costs nothing: the first space and its cache are found again.
+    d.config.write_text(d.config.read_text().replace(str(RERANK_MODEL), str(EMBED_MODEL)))
+    with d:
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["space"] == first_space
+        assert st["engines"]["embedding"]["embedded_texts"] == 0
+        assert st["engines"]["embedding"]["vectors"] == n
+
+
+def test_a_5000_word_chunk_is_truncated_and_recorded(make_daemon, tmp_path):
+    root = tmp_path / "notes"
+    root.mkdir()
+    words = " ".join(f"word{i % 97}" for i in range(5000))
+    (root / "long.md").write_text(f"# Long\n\nzebra giraffe savanna {words}\n")
+    (root / "short.md").write_text("# Short\n\nA note about sourdough bread baking.\n")
+    d = make_daemon(sources=[{"name": "notes", "path": str(root)}], extra=engine_config())
+    with d:
+        st = wait_embedded(d)
+        e = st["engines"]["embedding"]
+        assert e["truncated"] == 1 and e["failed"] == 0 and e["vectors"] == 2
+        db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+        rows = db.execute("SELECT tokens, truncated FROM embeddings ORDER BY tokens").fetchall()
+        assert rows[0][1] == 0 and rows[1] == (512 - 4, 1)
+        res = d.call("search", query="zebra giraffe savanna", k=2, mode="vector")
+        assert res["results"][0]["path"].endswith("long.md")
+
+
+def test_rerank_path_and_budget(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=src(root), extra=engine_config(reranker=RERANK_MODEL))
+    with d:
+        wait_embedded(d)
+        deadline = time.monotonic() + 30
+        while d.call("status")["engines"]["reranker"]["state"] != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        res = d.call("search", query="style the task buttons with a CSS snippet", k=5)
+        assert res["reranked"] is True
+        assert all("rerank" in r["scores"] for r in res["results"])
+        assert [r["score"] for r in res["results"]] == [r["scores"]["rerank"]
+                                                         for r in res["results"]]
+        assert res["results"][0]["score"] >= res["results"][-1]["score"]
+        plain = d.call("search", query="style the task buttons with a CSS snippet", k=5,
+                       rerank=False)
+        assert plain["reranked"] is False and "rerank" not in plain["results"][0]["scores"]
+    d.config.write_text(d.config.read_text().replace(
+        "[reranker]\n", "[reranker]\nbudget_ms = 1\n"))
+    with d:
+        wait_embedded(d)
+        while d.call("status")["engines"]["reranker"]["state"] != "ready":
+            time.sleep(0.05)
+        res = d.call("search", query="style the task buttons with a CSS snippet", k=5)
+        assert res["reranked"] is False and "budget" in res["rerank_reason"]
+        assert res["results"] and "rrf" in res["results"][0]["scores"]
