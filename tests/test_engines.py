@@ -53,6 +53,8 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path):
                      mode="vector")["results"]
         assert any(h["path"].endswith("How to style buttons.md") for h in hit)
         chunks = st["sources"][0]["chunks"]
+        engine_pid = e["pid"]
+    assert d.proc.returncode == 0 and not alive(engine_pid)  # SIGTERM takes the engine along
 
     # Restart with a threshold no real query reaches: nothing relevant, and nothing re-embedded.
     d.config.write_text(d.config.read_text() + "[search]\nmin_similarity = 0.99\n")
@@ -60,10 +62,14 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path):
         st = wait_embedded(d)
         assert st["engines"]["embedding"]["embedded_texts"] == 0
         assert st["engines"]["embedding"]["vectors"] == chunks
-        res = d.call("search", query="make a task repeat on a schedule", k=5)
+        res = d.call("search", query="quantum chromodynamics of neutron stars", k=5)
         assert res["results"] == [] and res["reason"].startswith("nothing relevant")
-        assert res["reranked"] is False
-        assert d.call("search", query="make a task repeat", k=5, mode="bm25")["results"]
+        assert res["reranked"] is False and res["best_similarity"] < 0.99
+        assert d.call("search", query="quantum chromodynamics", k=5, mode="bm25")["results"] == []
+        # Every word of this query is in one chunk: a literal match is answered anyway.
+        res = d.call("search", query="QuickAdd plugin", k=5)
+        assert res["below_threshold"] is True and res["results"]
+        assert res["results"][0]["path"].endswith("QuickAdd.md")
 
 
 def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, tmp_path):
@@ -202,3 +208,50 @@ def test_rerank_path_and_budget(make_daemon, tmp_path):
         res = d.call("search", query="style the task buttons with a CSS snippet", k=5)
         assert res["reranked"] is False and "budget" in res["rerank_reason"]
         assert res["results"] and "rrf" in res["results"][0]["scores"]
+
+
+def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_path, monkeypatch):
+    """The engine serves a 128-token context while the embedder believes 512: long texts fail
+    for real (HTTP 500 'too large'), short ones pass."""
+    from ragd import config
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine, EngineSettings
+    from ragd.index import embedder as emb_mod
+    from ragd.index import store
+    from ragd.index.embedder import Embedder
+    from ragd.index.indexer import Indexer
+
+    monkeypatch.setattr(emb_mod, "MAX_ATTEMPTS", 2)  # keep the backoff short: 2 s, then give up
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "long.md").write_text("# Long\n\n" + " ".join(["okapi"] * 400) + "\n")
+    (root / "short.md").write_text("# Short\n\nA short note about bread.\n")
+    cfg = config.from_dict({"daemon": {"data_dir": str(tmp_path / "data")},
+                            "sources": [{"name": "n", "path": str(root)}]}, None)
+    store.open_store(cfg.db_path).close()
+    served = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 128, "", "", 0.0, None)
+    believed = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
+    engine = Engine("embedding", served, EngineSettings(), tmp_path / "run", tmp_path / "logs")
+    engine.start()
+    emb = Embedder(cfg.db_path, engine, believed)
+    ix = Indexer(cfg, cfg.db_path, listener=emb)
+    try:
+        ix.start()
+        ix.request_scan()
+        assert ix.wait_idle(30)
+        emb.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and emb.stats.failed == 0:
+            time.sleep(0.1)
+        assert emb.stats.failed == 1 and emb.stats.texts == 1
+        assert emb.wait_idle(10)
+        db = store.connect(cfg.db_path)
+        (reason, attempts), = db.execute("SELECT reason, attempts FROM embed_failures").fetchall()
+        assert attempts == 2 and "HTTP 500" in reason
+        assert len(emb.vectors) == 1 and emb.pending(db) == 0
+        time.sleep(3)  # past the backoff: still not retried
+        assert db.execute("SELECT attempts FROM embed_failures").fetchone()[0] == 2
+    finally:
+        ix.stop()
+        emb.stop()
+        engine.stop()

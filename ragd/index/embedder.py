@@ -85,6 +85,7 @@ class Embedder:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle = threading.Event()
+        self._pending: tuple[float, int] | None = None
         self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
 
     # -- control -----------------------------------------------------------------------------------
@@ -108,8 +109,20 @@ class Embedder:
     def idle(self) -> bool:
         return self._idle.is_set()
 
-    def pending(self, db: sqlite3.Connection) -> int:
-        """Distinct chunk texts still without a vector in the current space."""
+    def pending(self, db: sqlite3.Connection, max_age: float = 1.0) -> int:
+        """Distinct chunk texts still without a vector in the current space. Counting costs a
+        lookup per chunk, so a count younger than max_age seconds is reused (status is polled);
+        when the embedder has just found no work it is exactly 0."""
+        if self._idle.is_set():
+            return 0
+        cached = self._pending
+        if cached is not None and time.monotonic() - cached[0] < max_age:
+            return cached[1]
+        n = self._count_pending(db)
+        self._pending = (time.monotonic(), n)
+        return n
+
+    def _count_pending(self, db: sqlite3.Connection) -> int:
         if self.space is None:
             return db.execute("SELECT COUNT(DISTINCT embed_hash) FROM chunks").fetchone()[0]
         return db.execute(

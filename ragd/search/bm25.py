@@ -105,3 +105,19 @@ def search(db: sqlite3.Connection, query: str, limit: int,
     sql += " ORDER BY s LIMIT ?"
     params.append(limit)
     return [Hit(r[0], -r[1]) for r in db.execute(sql, params)]
+
+
+def all_terms_match(db: sqlite3.Connection, query: str, sources: list[str] | None = None) -> bool:
+    """Does some chunk contain every word (and phrase) of the query?"""
+    parts = query_parts(query)
+    if not parts:
+        return False
+    sql = "SELECT chunks_fts.rowid FROM chunks_fts"
+    params: list = [" AND ".join(parts)]
+    if sources:
+        sql += (" JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.id = c.file_id "
+                f"WHERE chunks_fts MATCH ? AND f.source IN ({','.join('?' * len(sources))})")
+        params += sources
+    else:
+        sql += " WHERE chunks_fts MATCH ?"
+    return db.execute(sql + " LIMIT 1", params).fetchone() is not None

@@ -7,7 +7,8 @@ reranked by a cross-encoder.
 
 RRF adds 1/(k + rank) over the lists a chunk appears in, so neither score scale dominates.
 The threshold looks at the best cosine: below it the answer is "nothing relevant" (no results,
-with the reason), and nothing is reranked. When the embedding engine is down, search answers
+with the reason), and nothing is reranked — unless some chunk contains every word of the query
+(a literal match), which is answered as usual with ``below_threshold``. When the embedding engine is down, search answers
 from BM25 alone and says so (``degraded``); when the reranker is down or slow, the fused order
 is returned and the reply says it was not reranked.
 """
@@ -129,10 +130,15 @@ class Searcher:
         threshold = self.threshold()
         info["best_similarity"] = round(best, 4)
         if len(cos) and best < threshold:
-            info["nothing_relevant"] = True
-            info["reason"] = (f"nothing relevant: the best similarity {best:.3f} is below the "
-                              f"threshold {threshold:.3f} (search.min_similarity)")
-            return None
+            # A chunk holding every word of the query is a literal match, relevant whatever
+            # the cosine (rare names and identifiers embed poorly).
+            if bm25.all_terms_match(db, query, sources):
+                info["below_threshold"] = True
+            else:
+                info["nothing_relevant"] = True
+                info["reason"] = (f"nothing relevant: the best similarity {best:.3f} is below "
+                                  f"the threshold {threshold:.3f} (search.min_similarity)")
+                return None
         lists["vector"] = [int(i) for i in ids]
         for cid, c in zip(lists["vector"], cos):
             parts.setdefault(cid, {})["vector"] = round(float(c), 6)
