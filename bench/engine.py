@@ -77,8 +77,7 @@ def main() -> None:
         total = sum(counts)
         print(f"{len(inputs)} chunks, {total} tokens (mean {total / len(inputs):.0f})", flush=True)
 
-        raw = []
-        for _ in range(args.runs):
+        def raw_run() -> float:
             t0 = time.perf_counter()
             batch, size = [], 0
             for x, n in zip(inputs, counts):
@@ -88,11 +87,9 @@ def main() -> None:
                 batch.append(x)
                 size += n
             engine.client.embed(batch)
-            raw.append(total / (time.perf_counter() - t0))
-        engine.stop()
+            return total / (time.perf_counter() - t0)
 
-        ours = []
-        for run in range(args.runs):
+        def ragd_run(run: int) -> float:
             cfg = write_config(tmp / f"cfg{run}.toml", tmp / f"data{run}", tmp / f"r{run}" / "s.sock",
                                [{"name": "docs", "path": str(folder)}],
                                f'[embedding]\nmodel = "{args.model}"\nbatch_tokens = '
@@ -101,20 +98,36 @@ def main() -> None:
             d = Daemon(cfg, tmp / f"r{run}" / "s.sock", tmp / f"d{run}.log")
             t0 = time.perf_counter()
             with d:
-                st = wait_embedded(d, timeout=3600)
+                st = wait_embedded(d, timeout=3600, every=0.25)
                 elapsed = time.perf_counter() - t0
             e = st["engines"]["embedding"]
             assert e["embedded_texts"] == len(inputs) and e["truncated"] == 0, e
-            ours.append(e["embedded_tokens"] / elapsed)
+            return e["embedded_tokens"] / elapsed
 
+        # Interleaved (raw, ragd) pairs: the machine's speed drifts between minutes, so each
+        # ragd run is compared with the raw run just before it. The raw engine is stopped
+        # during ragd's run (ragd starts its own) and started again after.
+        raw, ours = [], []
+        for run in range(args.runs):
+            if run:
+                engine = Engine("embedding", model, EngineSettings(), tmp / "raw-run",
+                                tmp / "logs")
+                engine.start()
+                assert engine.wait_ready(60)
+            raw.append(raw_run())
+            engine.stop()
+            ours.append(ragd_run(run))
+        ratios = [o / r for o, r in zip(ours, raw)]
         r, o = statistics.median(raw), statistics.median(ours)
         print(f"raw engine   {r:8.0f} tokens/s   (runs: {', '.join(f'{x:.0f}' for x in raw)})")
         print(f"ragd index   {o:8.0f} tokens/s   (runs: {', '.join(f'{x:.0f}' for x in ours)})")
-        print(f"ratio ragd / raw: {o / r:.3f}")
+        print(f"ratio ragd / raw: median of pairs {statistics.median(ratios):.3f} "
+              f"(pairs: {', '.join(f'{x:.3f}' for x in ratios)})")
         out = ROOT / "bench" / "results"
         out.mkdir(exist_ok=True)
         (out / "engine.json").write_text(json.dumps({"raw_tok_s": r, "ragd_tok_s": o,
-                                                     "ratio": o / r, "chunks": len(inputs),
+                                                     "ratio": statistics.median(ratios),
+                                                     "pairs": ratios, "chunks": len(inputs),
                                                      "tokens": total}, indent=2))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

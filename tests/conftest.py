@@ -180,7 +180,7 @@ def engine_config(embedding=EMBED_MODEL, reranker=None, extra: str = "") -> str:
     return toml + extra
 
 
-def wait_embedded(d: Daemon, timeout: float = 180.0) -> dict:
+def wait_embedded(d: Daemon, timeout: float = 180.0, every: float = 0.1) -> dict:
     """Poll until the index is idle and every chunk text has a vector."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -189,5 +189,5 @@ def wait_embedded(d: Daemon, timeout: float = 180.0) -> dict:
         if (st["idle"] and st["pending"] == 0 and e.get("state") == "ready"
                 and e.get("embedder") == "idle" and e.get("pending_texts") == 0):
             return st
-        time.sleep(0.1)
+        time.sleep(every)
     raise TimeoutError(f"not embedded after {timeout}s: {st}")

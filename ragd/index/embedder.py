@@ -23,6 +23,7 @@ import logging
 import sqlite3
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +87,7 @@ class Embedder:
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._pending: tuple[float, int] | None = None
+        self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="embedder-tokenize")
         self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
 
     # -- control -----------------------------------------------------------------------------------
@@ -97,6 +99,7 @@ class Embedder:
         self._stop.set()
         self._wake.set()
         self._thread.join(30)
+        self._prefetch.shutdown(wait=False, cancel_futures=True)
 
     def notify(self) -> None:
         self._idle.clear()
@@ -251,18 +254,22 @@ class Embedder:
     def _fit(self, text: str) -> tuple[str, int, bool]:
         """(text, tokens, truncated): cut to the model's context, counted by the engine."""
         limit = self.model.context - SPECIAL_TOKENS
+        if self._stop.is_set():
+            raise EngineUnavailable("stopping")
         tokens = self.engine.client.tokenize(text)
         if len(tokens) <= limit:
             return text, len(tokens), False
         return self.engine.client.detokenize(tokens[:limit]), limit, True
 
     def _embed(self, db: sqlite3.Connection, work: list[tuple[str, str]]) -> None:
+        # Token counting runs ahead in a helper thread (its own engine connection), so the
+        # engine is not idle between embedding requests while we tokenize the next texts.
         batch: list[tuple[str, str, int, bool]] = []
         size = 0
-        for h, text in work:
+        fitted = self._prefetch.map(self._fit, [text for _, text in work])
+        for (h, _), (text, n, truncated) in zip(work, fitted):
             if self._stop.is_set():
                 return
-            text, n, truncated = self._fit(text)
             if batch and size + n > self.batch_tokens:
                 self._embed_batch(db, batch)
                 batch, size = [], 0
