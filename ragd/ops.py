@@ -104,6 +104,10 @@ class Ops:
         return {"pid": os.getpid(), "version": __version__, "protocol": P.PROTOCOL_VERSION}
 
     def cmd_status(self) -> dict:
+        # The indexer's state first: when it says idle, the counts read after it include every
+        # commit that made it so (read the other way round, a client could see idle with stale
+        # counts).
+        pending, idle = self.indexer.pending, self.indexer.idle
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self.engines.status(db)
@@ -123,7 +127,7 @@ class Ops:
             "uptime_s": round(time.time() - self.started, 3),
             "data_dir": str(self.cfg.data_dir), "socket": str(self.cfg.socket),
             "config": str(self.cfg.path) if self.cfg.path else None,
-            "pending": self.indexer.pending, "idle": self.indexer.idle,
+            "pending": pending, "idle": idle,
             "sources": per_source, "engines": engines,
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,

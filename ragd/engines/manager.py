@@ -95,6 +95,10 @@ class Engines:
         return None
 
     # the indexer's listener interface
+    @property
+    def wants_changes(self) -> bool:
+        return "embedding" in self.configured
+
     def chunks_changed(self, db, removed, added) -> None:
         if self.embedder is not None:
             self.embedder.chunks_changed(db, removed, added)

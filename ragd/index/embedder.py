@@ -136,6 +136,8 @@ class Embedder:
 
     # -- called by the indexer after each commit (under self.sync) ------------------------------
 
+    wants_changes = True
+
     def chunks_changed(self, db: sqlite3.Connection, removed: list[int],
                        added: list[tuple[int, str]]) -> None:
         vi = self.vectors

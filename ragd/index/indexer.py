@@ -158,7 +158,7 @@ class Indexer:
                    or known[rel].mtime_ns != seen.mtime_ns]
         gone = [known[rel].id for rel in known.keys() - on_disk.keys()]
         if gone:
-            changes = store.Changes()
+            changes = store.Changes() if self._tracking else None
             self._db.execute("BEGIN IMMEDIATE")
             for file_id in gone:
                 store.delete_file(self._db, file_id, changes)
@@ -176,7 +176,7 @@ class Indexer:
         """Index queued paths in batched transactions until the queue is empty or a scan waits."""
         while True:
             batch_start, n = time.monotonic(), 0
-            changes = store.Changes()
+            changes = store.Changes() if self._tracking else None
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 while n < BATCH_FILES and time.monotonic() - batch_start < BATCH_SECONDS:
@@ -196,8 +196,13 @@ class Indexer:
                 if self._stop or not self._paths or self._scans:
                     return
 
-    def _commit(self, changes: store.Changes) -> None:
-        if self.listener is None:
+    @property
+    def _tracking(self) -> bool:
+        """Is anyone mirroring chunk changes (the embedder)? If not, don't collect them."""
+        return self.listener is not None and self.listener.wants_changes
+
+    def _commit(self, changes: store.Changes | None) -> None:
+        if changes is None or self.listener is None:
             self._db.execute("COMMIT")
             return
         with self.listener.sync:
@@ -205,10 +210,11 @@ class Indexer:
             if changes.removed or changes.added:
                 self.listener.chunks_changed(self._db, changes.removed, changes.added)
 
-    def _index_one(self, src: Source, rel: str, force: bool, batch: store.Changes) -> None:
+    def _index_one(self, src: Source, rel: str, force: bool,
+                   batch: store.Changes | None) -> None:
         path = src.root / rel
         db = self._db
-        changes = store.Changes()
+        changes = store.Changes() if batch is not None else None
         row = db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
                          (src.name, rel)).fetchone()
         db.execute("SAVEPOINT file")
@@ -227,7 +233,8 @@ class Indexer:
                     self.stats.files_skipped += 1
                     log.info("skipped %s/%s: %s", src.name, rel, e)
                 db.execute("RELEASE file")
-                batch.extend(changes)
+                if batch is not None:
+                    batch.extend(changes)
                 return
             if (not force and row is not None and row["hash"] == content.hash
                     and row["status"] == "indexed"):
@@ -242,7 +249,8 @@ class Indexer:
             store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
                            "indexed", content.warning, records, changes)
             db.execute("RELEASE file")
-            batch.extend(changes)
+            if batch is not None:
+                batch.extend(changes)
             self.stats.files_indexed += 1
             self.stats.chunks_written += len(records)
         except Exception as e:
@@ -251,10 +259,11 @@ class Indexer:
             db.execute("RELEASE file")
             log.exception("failed to index %s/%s", src.name, rel)
             size, mtime_ns = _stat(path)
-            changes = store.Changes()
+            changes = store.Changes() if batch is not None else None
             store.put_file(db, src.name, rel, size, mtime_ns, None, "failed",
                            f"{type(e).__name__}: {e}", [], changes)
-            batch.extend(changes)
+            if batch is not None:
+                batch.extend(changes)
             self.stats.files_failed += 1
             self.stats.per_source[src.name].last_error = f"{rel}: {type(e).__name__}: {e}"
 
