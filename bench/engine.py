@@ -30,7 +30,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import EMBED_MODEL, SHARED, Daemon, wait_embedded, write_config  # noqa: E402
 from ragd.engines.models import ResolvedModel  # noqa: E402
 from ragd.engines.supervisor import Engine, EngineSettings  # noqa: E402
-from ragd.ingest.chunker import chunk_text, embed_text  # noqa: E402
+from ragd.ingest.chunker import chunk_doc, embed_text  # noqa: E402
+from ragd.ingest.markdown import parse  # noqa: E402
 
 
 def make_texts(engine: Engine, n: int, target: int = 345) -> list[str]:
@@ -71,8 +72,8 @@ def main() -> None:
         inputs = []
         for i, t in enumerate(texts):
             (folder / f"c{i:04d}.md").write_text(t + "\n")
-            (chunk,) = chunk_text(t, max_words=10_000, title=f"c{i:04d}")
-            inputs.append(embed_text(chunk.heading, chunk.text))
+            (chunk,) = chunk_doc(parse(t, f"c{i:04d}", obsidian=False), budget=10_000)
+            inputs.append(embed_text(chunk.heading, chunk.body))
         counts = [len(engine.client.tokenize(x)) for x in inputs]
         total = sum(counts)
         print(f"{len(inputs)} chunks, {total} tokens (mean {total / len(inputs):.0f})", flush=True)
@@ -93,7 +94,7 @@ def main() -> None:
             cfg = write_config(tmp / f"cfg{run}.toml", tmp / f"data{run}", tmp / f"r{run}" / "s.sock",
                                [{"name": "docs", "path": str(folder)}],
                                f'[embedding]\nmodel = "{args.model}"\nbatch_tokens = '
-                               f'{args.batch_tokens}\n[index]\nchunk_words = 10000\n')
+                               f'{args.batch_tokens}\n[index]\nchunk_tokens = 10000\n')
             cfg.write_text(cfg.read_text().replace('log_level = "debug"', 'log_level = "info"'))
             d = Daemon(cfg, tmp / f"r{run}" / "s.sock", tmp / f"d{run}.log")
             t0 = time.perf_counter()

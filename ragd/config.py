@@ -32,7 +32,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "max_connections": (int, 256),
     },
     "index": {
-        "chunk_words": (int, 200),
+        "chunk_tokens": (int, 0),
+        "chunk_overlap": (int, 48),
         "max_file_bytes": (int, 10 * 1024 * 1024),
     },
     "search": {
@@ -79,7 +80,7 @@ SOURCE_SCHEMA: dict[str, tuple[type | tuple[type, ...], Any]] = {
 }
 DEFAULT_INCLUDE = {
     "obsidian": ["**/*.md"],
-    "folder": ["**/*.md", "**/*.markdown", "**/*.txt", "**/*.rst"],
+    "folder": ["**/*.md", "**/*.markdown", "**/*.txt", "**/*.rst", "**/*.pdf"],
 }
 
 
@@ -99,7 +100,8 @@ class Config:
     socket: Path
     log_level: str = "info"
     max_connections: int = 256
-    chunk_words: int = 200
+    chunk_tokens: int = 256
+    chunk_overlap: int = 48
     max_file_bytes: int = 10 * 1024 * 1024
     search_k: int = 10
     search_candidates: int = 100
@@ -154,7 +156,7 @@ def _type_name(value: Any) -> str:
 
 
 def _check(where: str, key: str, value: Any, expected) -> None:
-    # bool is a subclass of int; a config saying `chunk_words = true` is a mistake. An integer
+    # bool is a subclass of int; a config saying `chunk_tokens = true` is a mistake. An integer
     # is a fine float.
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return
@@ -216,7 +218,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
         if values[table][key] not in allowed:
             raise ConfigError(f"{where}: {table}.{key} must be one of "
                               f"{', '.join(repr(a) for a in allowed)}, got {values[table][key]!r}")
-    for table, key, low in (("daemon", "max_connections", 1), ("index", "chunk_words", 20),
+    for table, key, low in (("daemon", "max_connections", 1), ("index", "chunk_tokens", 0),
+                            ("index", "chunk_overlap", 0),
                             ("index", "max_file_bytes", 1), ("search", "k", 1),
                             ("search", "candidates", 1), ("search", "rrf_k", 1),
                             ("engines", "threads", 1), ("engines", "startup_timeout", 1),
@@ -247,7 +250,9 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
     se, en, em, rr = values["search"], values["engines"], values["embedding"], values["reranker"]
     return Config(path=path, data_dir=data_dir, socket=sock, log_level=d["log_level"],
                   max_connections=d["max_connections"],
-                  chunk_words=values["index"]["chunk_words"],
+                  chunk_tokens=values["index"]["chunk_tokens"] or _auto_budget(
+                      values["embedding"]["model"]),
+                  chunk_overlap=values["index"]["chunk_overlap"],
                   max_file_bytes=values["index"]["max_file_bytes"],
                   search_k=se["k"], search_candidates=se["candidates"], search_mode=se["mode"],
                   rrf_k=se["rrf_k"], min_similarity=se["min_similarity"], rerank=se["rerank"],
@@ -261,6 +266,14 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
                   rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],
                   sources=sources)
+
+
+def _auto_budget(model: str) -> int:
+    """Chunk budget fitted to the embedding model: half its context (room for the header and
+    the estimate's error), between 128 and 512 tokens; 256 without a registry model."""
+    from ragd.engines.models import REGISTRY  # late: config must not pull in the engines
+    spec = REGISTRY.get(model)
+    return max(128, min(512, spec.context // 2)) if spec else 256
 
 
 def _source(where: str, i: int, s: Any) -> Source:

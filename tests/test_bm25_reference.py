@@ -2,8 +2,8 @@
 
 rank_bm25 rebuilds its whole model on every change (seconds at 100k chunks), so ragd serves
 BM25 from FTS5; this test keeps rank_bm25 as the reference ranking. FTS5 scores a row over all
-its columns (heading + text, each weight 1 here) and uses k1 = 1.2, b = 0.75; the reference is
-given the same tokens and parameters.
+its columns (each weight 1 here) and uses k1 = 1.2, b = 0.75; the reference is
+given the same tokens and parameters (all three columns: heading, keywords, body).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def fts_tokens(db: sqlite3.Connection) -> dict[int, list[str]]:
                "instance)")
     docs: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     for term, doc, col, offset in db.execute("SELECT term, doc, col, offset FROM temp.vocab"):
-        docs[doc].append((0 if col == "heading" else 1, offset, term))
+        docs[doc].append((("heading", "keywords", "body").index(col), offset, term))
     return {doc: [t for _, _, t in sorted(toks)] for doc, toks in docs.items()}
 
 
@@ -80,9 +80,10 @@ def test_fts5_bm25_matches_rank_bm25(indexed, query):
     scores = ref.get_scores(q)
     ref_top = sorted(((s, ids[i]) for i, s in enumerate(scores) if s > 0), reverse=True)[:10]
 
-    rows = indexed.execute("SELECT rowid, -bm25(chunks_fts, 1.0, 1.0) AS s FROM chunks_fts "
-                           "WHERE chunks_fts MATCH ? ORDER BY bm25(chunks_fts, 1.0, 1.0) "
-                           "LIMIT 10", (fts_query(query),)).fetchall()
+    rows = indexed.execute("SELECT rowid, -bm25(chunks_fts, 1.0, 1.0, 1.0) AS s FROM "
+                           "chunks_fts WHERE chunks_fts MATCH ? ORDER BY "
+                           "bm25(chunks_fts, 1.0, 1.0, 1.0) LIMIT 10",
+                           (fts_query(query),)).fetchall()
     assert len(rows) == len(ref_top) == 10
     by_id = dict(zip(ids, scores))
     for (ref_score, _), (row_id, score) in zip(ref_top, rows):
@@ -102,9 +103,8 @@ def test_pruning_common_words_keeps_the_ranking(indexed, query):
     parts = bm25.query_parts(query)
     assert len(bm25.prune_common(indexed, parts)) < len(parts)  # something was pruned
     full = indexed.execute(
-        f"SELECT -bm25(chunks_fts, {bm25.HEADING_WEIGHT}, {bm25.TEXT_WEIGHT}) FROM chunks_fts "
-        "WHERE chunks_fts MATCH ? ORDER BY bm25(chunks_fts, "
-        f"{bm25.HEADING_WEIGHT}, {bm25.TEXT_WEIGHT}) LIMIT 10", (" OR ".join(parts),)).fetchall()
+        f"SELECT -bm25(chunks_fts, {bm25.WEIGHTS}) FROM chunks_fts WHERE chunks_fts MATCH ? "
+        f"ORDER BY bm25(chunks_fts, {bm25.WEIGHTS}) LIMIT 10", (" OR ".join(parts),)).fetchall()
     pruned = bm25.search(indexed, query, 10)
     assert len(pruned) == 10 and n > 1000
     for (s_full,), hit in zip(full, pruned):

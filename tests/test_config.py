@@ -66,7 +66,7 @@ def test_default_paths(tmp_path):
     ("[daemon]\nsokcet = 'x'\n", "unknown key 'daemon.sokcet'"),
     ("[deamon]\n", "unknown key 'deamon'"),
     ("[daemon]\nmax_connections = 'many'\n", "daemon.max_connections must be an integer, got string"),
-    ("[index]\nchunk_words = true\n", "index.chunk_words must be an integer, got boolean"),
+    ("[index]\nchunk_tokens = true\n", "index.chunk_tokens must be an integer, got boolean"),
     ("[daemon]\nlog_level = 'loud'\n", "daemon.log_level must be one of"),
     ("[search]\nk = 0\n", "search.k must be at least 1"),
     ("[[sources]]\nname = 'n'\npath = '/definitely/not/here'\n",

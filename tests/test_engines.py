@@ -169,7 +169,10 @@ def test_a_5000_word_chunk_is_truncated_and_recorded(make_daemon, tmp_path):
     words = " ".join(f"word{i % 97}" for i in range(5000))
     (root / "long.md").write_text(f"# Long\n\nzebra giraffe savanna {words}\n")
     (root / "short.md").write_text("# Short\n\nA note about sourdough bread baking.\n")
-    d = make_daemon(sources=[{"name": "notes", "path": str(root)}], extra=engine_config())
+    # The chunker would split it; a budget beyond the model's context lets a chunk of 5,000
+    # words reach the embedder, which must cut it to the context.
+    d = make_daemon(sources=[{"name": "notes", "path": str(root)}],
+                    extra=engine_config(extra="[index]\nchunk_tokens = 100000\n"))
     with d:
         st = wait_embedded(d)
         e = st["engines"]["embedding"]
@@ -227,6 +230,7 @@ def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_
     (root / "long.md").write_text("# Long\n\n" + " ".join(["okapi"] * 400) + "\n")
     (root / "short.md").write_text("# Short\n\nA short note about bread.\n")
     cfg = config.from_dict({"daemon": {"data_dir": str(tmp_path / "data")},
+                            "index": {"chunk_tokens": 100000},  # the long note: one chunk
                             "sources": [{"name": "n", "path": str(root)}]}, None)
     store.open_store(cfg.db_path).close()
     served = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 128, "", "", 0.0, None)

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from conftest import VAULTS
-from ragd.config import Source
-from ragd.ingest import chunker, sources
-from ragd.ingest.chunker import HEADING
+from ragd.config import DEFAULT_INCLUDE, Source
+from ragd.ingest import chunker, documents, loader, markdown, sources
 
 
 @pytest.mark.parametrize("pattern, path, ok", [
@@ -72,7 +74,8 @@ def test_read_permission_denied(tmp_path):
 def test_chunks_follow_headings_and_keep_fences_whole():
     text = ("# Title\n\nFirst para.\n\n## Section\n\n```python\n# not a heading\n\nx = 1\n```\n"
             "\nLast para\ncontinues.\n")
-    chunks = chunker.chunk_text(text, max_words=10, title="Note")  # the fence: 9 words
+    doc = markdown.parse(text, "Note")
+    chunks = chunker.chunk_doc(doc, budget=20, overlap=0)  # the fence: 18 tokens
     assert [(c.heading, c.line_start, c.line_end) for c in chunks] == [
         ("Note > Title", 3, 3),
         ("Note > Title > Section", 7, 11),
@@ -81,31 +84,149 @@ def test_chunks_follow_headings_and_keep_fences_whole():
     assert chunks[1].text == "```python\n# not a heading\n\nx = 1\n```"
 
 
-def all_notes():
-    for vault in ("obsidian-tasks-docs", "dwarvesf-brain"):
-        for p in sorted((VAULTS / vault).rglob("*.md")):
-            if not any(part.startswith(".") for part in p.relative_to(VAULTS / vault).parts):
-                yield p
+def test_a_title_heading_is_not_repeated_and_long_lines_split_at_sentences():
+    sentences = " ".join(f"Sentence number {i} talks about okapis." for i in range(40))
+    doc = markdown.parse(f"# Okapi\n\n{sentences}\n", "Okapi")
+    chunks = chunker.chunk_doc(doc, budget=40, overlap=12)
+    assert len(chunks) > 3 and all(c.heading == "Okapi" for c in chunks)
+    assert all(c.line_start == c.line_end == 3 for c in chunks)
+    for c in chunks:
+        assert c.text in sentences and chunker.est_tokens(c.text) <= 40
+    # neighbours share a sentence (the overlap), and together they cover the line
+    assert chunks[1].text.split(". ")[0] + "." in chunks[0].text
+    assert " ".join(c.text for c in chunks).count("Sentence number 39") >= 1
 
 
-def test_every_line_range_maps_back_and_covers_each_line_once():
-    notes = 0
-    for path in all_notes():
-        text = path.read_text(encoding="utf-8", errors="replace")
-        lines = text.split("\n")
-        chunks = chunker.chunk_text(text, max_words=120)
-        covered: dict[int, int] = {}
-        for c in chunks:
-            assert 1 <= c.line_start <= c.line_end <= len(lines), path
-            assert "\n".join(lines[c.line_start - 1:c.line_end]).strip() == c.text, path
-            for i in range(c.line_start, c.line_end + 1):
-                covered[i] = covered.get(i, 0) + 1
-        assert all(n == 1 for n in covered.values()), path  # no overlap in this chunker
-        in_fence = False
-        for i, line in enumerate(lines, 1):
-            if chunker.FENCE.match(line):
-                in_fence = not in_fence
-            if line.strip() and not (HEADING.match(line) and not in_fence):
-                assert i in covered, f"{path}:{i} not in any chunk"
-        notes += 1
-    assert notes > 900
+def test_frontmatter_forms():
+    text = ("---\ntitle: \"My: Note\"\naliases: [first, 'second one']\ntags:\n  - a/b\n  - c\n"
+            "date: 2024-01-01\n---\n# Body\n\nText #inline/tag here.\n")
+    doc = markdown.parse(text, "file-stem")
+    assert doc.title == "My: Note" and doc.aliases == ["first", "second one"]
+    assert doc.tags == ["a/b", "c", "inline/tag"] and not doc.warnings
+    assert [b.kind for b in doc.blocks] == ["heading", "para"]
+    (chunk,) = chunker.chunk_doc(doc)
+    assert chunk.keywords == "first second one a b c inline tag"
+    assert chunk.heading == "My: Note > Body" and chunk.line_start == 11
+
+
+@pytest.mark.parametrize("fm", ["---\ntitle: x\n", "---\n: no key\n---\n", "---\nkey: [a, 'b\n---\n"])
+def test_malformed_frontmatter_is_indexed_as_text_with_a_warning(fm):
+    doc = markdown.parse(fm + "Body text.\n", "n")
+    assert doc.warnings and "frontmatter" in doc.warnings[0]
+    chunks = chunker.chunk_doc(doc)
+    assert chunks[0].line_start == 1 and "Body text." in chunks[-1].text
+
+
+def test_obsidian_syntax_is_made_readable_and_recorded():
+    text = ("Link [[Other Note]] and [[Other Note|shown words]], [[Note#Heading]], "
+            "[[Note^abc123]].\n"
+            "![[diagram.png]] ![[Embedded Note]] %%hidden comment%% <b>bold</b>\n"
+            "> [!warning] Careful\n"
+            "A block line ^blk-1\n"
+            "`#notatag` and #real-tag and [md](https://x.org)\n")
+    doc = markdown.parse(text, "n")
+    assert doc.links == ["Other Note", "Note"]
+    assert doc.embeds == ["diagram.png", "Embedded Note"]
+    assert doc.tags == ["real-tag"] and doc.block_ids == [("blk-1", 4)]
+    body = markdown.clean_text(text)
+    assert "Link Other Note and shown words, Note Heading, Note." in body
+    assert "diagram" not in body and "Embedded Note" in body and "hidden" not in body
+    assert "<b>" not in body and "bold" in body and "warning: Careful" in body
+    assert "^blk-1" not in body and "A block line" in body and "real-tag and md" in body
+
+
+def test_rst_sections_are_headings():
+    text = ("=========\nPEP Title\n=========\n\nIntro para.\n\nMotivation\n==========\n\n"
+            "Why::\n\n    code here\n    more\n\nDetails\n-------\n\nFine print.\n")
+    doc = documents.parse_rst(text, "pep-0001")
+    chunks = chunker.chunk_doc(doc, budget=256, overlap=0)
+    assert [(c.heading, c.line_start, c.line_end) for c in chunks] == [
+        ("pep-0001 > PEP Title", 5, 5),
+        ("pep-0001 > PEP Title > Motivation", 10, 13),
+        ("pep-0001 > PEP Title > Motivation > Details", 18, 18),
+    ]
+
+
+def test_pdf_pages_headers_and_hyphens():
+    pages = [f"Running Header\nPage {i} text about okapis and their habi-\ntats in the forest.\n{i}\n"
+             for i in range(1, 4)]
+    doc = documents.parse_pdf(pages, "paper")
+    text = "\n".join(doc.lines)
+    assert "Running Header" not in text and "habitats" in text
+    assert not any(ln.strip().isdigit() for ln in doc.lines)
+    chunks = chunker.chunk_doc(doc, budget=256)
+    assert (chunks[0].line_start, chunks[-1].line_end) == (1, 3)  # pages
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+WORDS = st.sampled_from("alpha beta gamma delta okapi zebra river stone light sound".split())
+SENTENCE = st.lists(WORDS, min_size=2, max_size=12).map(lambda w: " ".join(w).capitalize() + ".")
+PARA = st.lists(SENTENCE, min_size=1, max_size=8).map(" ".join)
+BLOCK = st.one_of(
+    PARA,
+    st.lists(PARA, min_size=2, max_size=4).map("\n".join),
+    st.integers(1, 4).flatmap(lambda n: PARA.map(lambda p: "#" * n + " " + p[:30])),
+    st.lists(SENTENCE, min_size=1, max_size=6).map(lambda ls: "```\n" + "\n".join(ls) + "\n```"),
+    st.lists(SENTENCE, min_size=1, max_size=4).map(lambda ls: "\n".join(f"| {x} |" for x in ls)),
+    st.lists(SENTENCE, min_size=1, max_size=4).map(lambda ls: "> [!note]\n" + "\n".join(f"> {x}" for x in ls)),
+)
+NOTE = st.lists(BLOCK, min_size=1, max_size=15).map(lambda bs: "\n\n".join(bs) + "\n")
+
+
+def check_chunks(doc, chunks, budget):
+    lines = doc.lines
+    covered: dict[int, list[int]] = {}
+    split_lines: set[int] = set()
+    for k, c in enumerate(chunks):
+        assert 1 <= c.line_start <= c.line_end <= len(lines)
+        span = "\n".join(lines[c.line_start - 1:c.line_end])
+        if c.text != span.strip():  # parts of lines (sentences of a long line): each is in it
+            assert all(piece in span for piece in c.text.split("\n")), (c.text, span)
+            split_lines.update(range(c.line_start, c.line_end + 1))
+        for i in range(c.line_start, c.line_end + 1):
+            covered.setdefault(i, []).append(k)
+    for i, ks in covered.items():  # only neighbours share a line (overlap, or a split line)
+        assert ks == list(range(ks[0], ks[0] + len(ks))), (i, ks)
+        if i not in split_lines:
+            assert len(ks) <= 2, (i, ks)
+    for i in split_lines:  # every sentence of a split line is in some chunk
+        texts = " ".join(chunks[k].text for k in covered[i])
+        for sentence in chunker._SENTENCE_END.split(lines[i - 1].strip()):
+            assert all(w in texts for w in sentence.split()), (i, sentence)
+    for b in doc.blocks:
+        if b.kind in ("heading", "comment"):
+            continue
+        for i in range(b.start, b.end + 1):
+            if lines[i].strip():
+                assert i + 1 in covered, f"line {i + 1} not in any chunk"
+        text = "\n".join(lines[b.start:b.end + 1])
+        if b.kind in ("code", "table", "quote") and chunker.est_tokens(text) <= budget:
+            assert any(text.strip() in c.text for c in chunks), "a block that fits was cut"
+
+
+@settings(max_examples=150, deadline=None)
+@given(NOTE, st.integers(24, 200))
+def test_chunks_cover_every_line_and_map_back(text, budget):
+    doc = markdown.parse(text, "n")
+    check_chunks(doc, chunker.chunk_doc(doc, budget=budget, overlap=budget // 4), budget)
+
+
+def all_files():
+    for vault in sorted(VAULTS.iterdir()):
+        if vault.is_dir():
+            src = Source(vault.name, vault, "obsidian" if (vault / ".obsidian").is_dir() else "folder",
+                         DEFAULT_INCLUDE["obsidian" if (vault / ".obsidian").is_dir() else "folder"], ())
+            for seen in sources.scan(src):
+                yield src, seen.relpath
+
+
+def test_every_file_of_every_shared_vault_ingests():
+    n = 0
+    for src, rel in all_files():
+        loaded = loader.load(src, rel, 10 * 1024 * 1024)
+        chunks = chunker.chunk_doc(loaded.doc, 256, 48)
+        if rel.endswith(".md") or rel.endswith(".rst"):
+            check_chunks(loaded.doc, chunks, 256)
+        n += 1
+    assert n > 8000

@@ -12,6 +12,7 @@ crash leaves every file either as it was or fully updated.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from ragd.config import Config, Source
 from ragd.index import store
-from ragd.ingest import chunker, sources
+from ragd.ingest import chunker, documents, loader, sources
 
 log = logging.getLogger("ragd.indexer")
 
@@ -220,8 +221,8 @@ class Indexer:
         db.execute("SAVEPOINT file")
         try:
             try:
-                content = sources.read(path, self.cfg.max_file_bytes)
-            except sources.Unreadable as e:
+                content = loader.load(src, rel, self.cfg.max_file_bytes)
+            except (sources.Unreadable, documents.NeedsTool) as e:
                 if str(e) == "file vanished":
                     if row is not None:
                         store.delete_file(db, row["id"], changes)
@@ -242,12 +243,14 @@ class Indexer:
                 self.stats.files_unchanged += 1
                 db.execute("RELEASE file")
                 return
-            title = Path(rel).stem
-            pieces = chunker.chunk_text(content.text, self.cfg.chunk_words, title=title)
+            doc = content.doc
+            pieces = chunker.chunk_doc(doc, self.cfg.chunk_tokens, self.cfg.chunk_overlap)
             records = [store.ChunkRecord(i, c.heading, c.line_start, c.line_end, c.text,
-                                         c.text_hash, c.embed_hash) for i, c in enumerate(pieces)]
+                                         c.text_hash, c.embed_hash, c.body, c.keywords)
+                       for i, c in enumerate(pieces)]
             store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
-                           "indexed", content.warning, records, changes)
+                           "indexed", "; ".join(doc.warnings) or None, records, changes,
+                           meta=json.dumps(doc.meta(), ensure_ascii=False))
             db.execute("RELEASE file")
             if batch is not None:
                 batch.extend(changes)

@@ -141,6 +141,43 @@ def m002_embeddings(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX chunks_embed_hash ON chunks (embed_hash)")
 
 
+@migration
+def m003_search_text_and_note_metadata(db: sqlite3.Connection) -> None:
+    """Chunks get the text that is searched (body: Obsidian syntax made readable) beside the
+    text shown (text), and the note's searchable words (keywords: aliases, tags); files get
+    their metadata (title, aliases, tags, links, embeds, block ids, warnings) as JSON."""
+    run_script(db, """
+        ALTER TABLE chunks ADD COLUMN body TEXT NOT NULL DEFAULT '';
+        ALTER TABLE chunks ADD COLUMN keywords TEXT NOT NULL DEFAULT '';
+        ALTER TABLE files ADD COLUMN meta TEXT;
+        UPDATE chunks SET body = text;
+        DROP TRIGGER chunks_ai;
+        DROP TRIGGER chunks_ad;
+        DROP TRIGGER chunks_au;
+        DROP TABLE chunks_fts;
+        CREATE VIRTUAL TABLE chunks_fts USING fts5 (
+            heading, keywords, body,
+            content = 'chunks', content_rowid = 'id',
+            tokenize = 'porter unicode61 remove_diacritics 2'
+        );
+        CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
+            INSERT INTO chunks_fts (rowid, heading, keywords, body)
+                VALUES (new.id, new.heading, new.keywords, new.body);
+        END;
+        CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
+            INSERT INTO chunks_fts (chunks_fts, rowid, heading, keywords, body)
+                VALUES ('delete', old.id, old.heading, old.keywords, old.body);
+        END;
+        CREATE TRIGGER chunks_au AFTER UPDATE ON chunks BEGIN
+            INSERT INTO chunks_fts (chunks_fts, rowid, heading, keywords, body)
+                VALUES ('delete', old.id, old.heading, old.keywords, old.body);
+            INSERT INTO chunks_fts (rowid, heading, keywords, body)
+                VALUES (new.id, new.heading, new.keywords, new.body);
+        END;
+        INSERT INTO chunks_fts (chunks_fts) VALUES ('rebuild');
+    """)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -215,6 +252,8 @@ class ChunkRecord:
     text: str
     text_hash: str
     embed_hash: str
+    body: str = ""
+    keywords: str = ""
 
 
 @dataclass
@@ -239,7 +278,8 @@ def file_rows(db: sqlite3.Connection, source: str) -> dict[str, FileRow]:
 
 def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime_ns: int,
              hash_: str | None, status: str, reason: str | None,
-             chunks: Iterable[ChunkRecord] | None, changes: Changes | None = None) -> int:
+             chunks: Iterable[ChunkRecord] | None, changes: Changes | None = None,
+             meta: str | None = None) -> int:
     """Record one file and (when chunks is not None) replace its chunks. Caller holds the
     transaction, so the file row, its chunks and their FTS rows change together."""
     now = time.time()
@@ -248,13 +288,13 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
     if row is None:
         file_id = db.execute(
             "INSERT INTO files (source, relpath, size, mtime_ns, hash, status, reason, "
-            "indexed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (source, relpath, size, mtime_ns, hash_, status, reason, now)).lastrowid
+            "indexed_at, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (source, relpath, size, mtime_ns, hash_, status, reason, now, meta)).lastrowid
     else:
         file_id = row[0]
         db.execute("UPDATE files SET size = ?, mtime_ns = ?, hash = ?, status = ?, reason = ?, "
-                   "indexed_at = ? WHERE id = ?",
-                   (size, mtime_ns, hash_, status, reason, now, file_id))
+                   "indexed_at = ?, meta = ? WHERE id = ?",
+                   (size, mtime_ns, hash_, status, reason, now, meta, file_id))
     if chunks is not None:
         if changes is not None:
             changes.removed += [r[0] for r in db.execute(
@@ -262,9 +302,9 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
         db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
         db.executemany(
             "INSERT INTO chunks (file_id, ordinal, heading, line_start, line_end, text, "
-            "text_hash, embed_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "text_hash, embed_hash, body, keywords) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(file_id, c.ordinal, c.heading, c.line_start, c.line_end, c.text, c.text_hash,
-              c.embed_hash) for c in chunks])
+              c.embed_hash, c.body, c.keywords) for c in chunks])
         if changes is not None:
             changes.added += [(r[0], r[1]) for r in db.execute(
                 "SELECT id, embed_hash FROM chunks WHERE file_id = ?", (file_id,))]

@@ -106,14 +106,15 @@ class Content:
     size: int
     mtime_ns: int
     warning: str | None = None
+    data: bytes = b""
 
 
 def content_hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def read(path: Path, max_bytes: int) -> Content:
-    """Read one text file. Raises Unreadable with the reason when it cannot be indexed."""
+def read_bytes(path: Path, max_bytes: int) -> Content:
+    """Stat, size-check, read and hash one file (no decoding)."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -136,6 +137,14 @@ def read(path: Path, max_bytes: int) -> Content:
         raise Unreadable(f"cannot read: {e.strerror}") from None
     if len(data) > max_bytes:
         raise Unreadable(f"too large (over {max_bytes} bytes)")
+    return Content(text="", hash=content_hash(data), size=len(data), mtime_ns=st.st_mtime_ns,
+                   warning=None, data=data)
+
+
+def read(path: Path, max_bytes: int) -> Content:
+    """Read one text file. Raises Unreadable with the reason when it cannot be indexed."""
+    content = read_bytes(path, max_bytes)
+    data = content.data
     if b"\0" in data[:8192]:
         raise Unreadable("binary file (contains NUL bytes)")
     warning = None
@@ -146,5 +155,5 @@ def read(path: Path, max_bytes: int) -> Content:
         warning = f"invalid UTF-8 at byte {e.start}; undecodable bytes replaced"
     if text.startswith("\ufeff"):
         text = text[1:]
-    return Content(text=text, hash=content_hash(data), size=len(data), mtime_ns=st.st_mtime_ns,
-                   warning=warning)
+    content.text, content.warning, content.data = text, warning, b""
+    return content

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 _PHRASE = re.compile(r'"([^"]+)"')
 _WORD = re.compile(r"\w+", re.UNICODE)
 
-# Weights of the FTS columns (heading, text) in bm25(): a word in the heading path counts a
-# little more than one in the body.
+# Weights of the FTS columns (heading, keywords, body) in bm25(): a word of the heading path or
+# of the note's aliases and tags counts a little more than one in the body.
 HEADING_WEIGHT = 1.5
+KEYWORDS_WEIGHT = 1.5
 TEXT_WEIGHT = 1.0
+WEIGHTS = f"{HEADING_WEIGHT}, {KEYWORDS_WEIGHT}, {TEXT_WEIGHT}"
 
 
 def query_parts(text: str) -> list[str]:
@@ -93,8 +95,7 @@ def search(db: sqlite3.Connection, query: str, limit: int,
     if not parts:
         return []
     match = " OR ".join(prune_common(db, parts))
-    sql = (f"SELECT chunks_fts.rowid, bm25(chunks_fts, {HEADING_WEIGHT}, {TEXT_WEIGHT}) AS s "
-           "FROM chunks_fts")
+    sql = f"SELECT chunks_fts.rowid, bm25(chunks_fts, {WEIGHTS}) AS s FROM chunks_fts"
     params: list = [match]
     if sources:
         sql += (" JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.id = c.file_id "

@@ -1,0 +1,131 @@
+"""Document formats other than Markdown: plain text, reStructuredText and PDF, each turned into
+the same Doc (lines + blocks) the chunker reads."""
+
+from __future__ import annotations
+
+import collections
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from ragd.ingest.markdown import Block, Doc
+
+RST_ADORN = re.compile(r"^([=\-~`:#\"^+*._'!$%&,;/<>?@\[\]{}|])\1{2,}\s*$")
+PDFTOTEXT_HINT = "install poppler-utils (Debian/Ubuntu: apt install poppler-utils; macOS: " \
+                 "brew install poppler)"
+
+
+class NeedsTool(Exception):
+    """A format needs an external program that is not installed; the message says which."""
+
+
+def paragraphs(lines: list[str], start: int = 0, end: int | None = None) -> list[Block]:
+    out, i, end = [], start, len(lines) if end is None else end
+    while i < end:
+        if not lines[i].strip():
+            i += 1
+            continue
+        j = i
+        while j + 1 < end and lines[j + 1].strip():
+            j += 1
+        out.append(Block("para", i, j))
+        i = j + 1
+    return out
+
+
+def parse_text(text: str, title: str) -> Doc:
+    lines = text.split("\n")
+    return Doc(lines=lines, blocks=paragraphs(lines), title=title)
+
+
+def parse_rst(text: str, title: str) -> Doc:
+    """Section titles (underlined, optionally overlined) become headings, levels in order of
+    first appearance as in docutils; `::` literal blocks and directives stay whole."""
+    lines = text.split("\n")
+    styles: list[tuple[str, bool]] = []
+    blocks: list[Block] = []
+    i, n = 0, len(lines)
+    while i < n:
+        line = lines[i]
+        over = RST_ADORN.match(line) and i + 2 < n and RST_ADORN.match(lines[i + 2]) \
+            and lines[i + 1].strip() and lines[i + 2][0] == line[0]
+        under = (i + 1 < n and line.strip() and not line.startswith((" ", "\t"))
+                 and RST_ADORN.match(lines[i + 1]) and len(lines[i + 1].rstrip()) >= len(line.rstrip()) * 0.8)
+        if over or under:
+            style = (lines[i + 2 if over else i + 1][0], bool(over))
+            if style not in styles:
+                styles.append(style)
+            text_line = lines[i + 1] if over else line
+            end = i + 2 if over else i + 1
+            blocks.append(Block("heading", i, end, styles.index(style) + 1, text_line.strip()))
+            i = end + 1
+            continue
+        if not line.strip():
+            i += 1
+            continue
+        # a paragraph, plus the indented block a `::` or a directive introduces
+        j = i
+        while j + 1 < n and lines[j + 1].strip() and not (
+                j + 2 < n and RST_ADORN.match(lines[j + 2]) and not lines[j + 1].startswith(" ")):
+            j += 1
+        if lines[j].rstrip().endswith("::") or line.startswith(".. "):
+            k = j + 1
+            while k < n and (not lines[k].strip() or lines[k].startswith((" ", "\t"))):
+                k += 1
+            while k - 1 > j and not lines[k - 1].strip():
+                k -= 1
+            kind = "code" if k - 1 > j else "para"
+            blocks.append(Block(kind, i, max(j, k - 1)))
+            i = max(j, k - 1) + 1
+            continue
+        blocks.append(Block("para", i, j))
+        i = j + 1
+    return Doc(lines=lines, blocks=blocks, title=title)
+
+
+def pdf_text(path: Path) -> list[str]:
+    """The text of each page, by pdftotext."""
+    exe = shutil.which("pdftotext")
+    if exe is None:
+        raise NeedsTool(f"PDF skipped: pdftotext is not installed ({PDFTOTEXT_HINT})")
+    proc = subprocess.run([exe, "-enc", "UTF-8", str(path), "-"], capture_output=True,
+                          timeout=120)
+    if proc.returncode != 0:
+        raise ValueError(f"pdftotext failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
+    pages = proc.stdout.decode("utf-8", errors="replace").split("\f")
+    if pages and not pages[-1].strip():
+        pages.pop()
+    return pages
+
+
+def parse_pdf(pages: list[str], title: str) -> Doc:
+    """Pages become lines tagged with their page number. Running headers and footers (the same
+    first or last line, digits aside, on at least half the pages) and bare page numbers are
+    dropped; words
+    hyphenated across line ends are joined again."""
+    page_lines = [[ln.rstrip() for ln in p.split("\n")] for p in pages]
+    edges: collections.Counter[str] = collections.Counter()
+    for lines in page_lines:
+        content = [ln.strip() for ln in lines if ln.strip()]
+        for ln in {*content[:1], *content[-1:]}:
+            edges[re.sub(r"\d+", "#", ln)] += 1
+    running = {k for k, c in edges.items() if len(page_lines) >= 2 and c >= max(2, len(page_lines) / 2)}
+    lines: list[str] = []
+    pages_of: list[int] = []
+    for pno, plines in enumerate(page_lines, 1):
+        for ln in plines:
+            s = ln.strip()
+            if re.fullmatch(r"(page\s*)?\d+(\s*(/|of)\s*\d+)?", s, re.I):
+                continue
+            if s and re.sub(r"\d+", "#", s) in running:
+                continue
+            if lines and re.search(r"[A-Za-z]-$", lines[-1]) and re.match(r"^[a-z]", s) \
+                    and pages_of[-1] == pno:
+                lines[-1] = lines[-1][:-1] + s  # hyphenated line end joined again
+                continue
+            lines.append(s)
+            pages_of.append(pno)
+        lines.append("")
+        pages_of.append(pno)
+    return Doc(lines=lines, blocks=paragraphs(lines), title=title, pages=pages_of)

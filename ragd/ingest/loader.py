@@ -1,0 +1,46 @@
+"""From a file on disk to a parsed Doc, by its type; the indexer's one entry into ingest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragd.config import Source
+from ragd.ingest import documents, markdown, sources
+from ragd.ingest.markdown import Doc
+
+MARKDOWN = (".md", ".markdown")
+
+
+@dataclass
+class Loaded:
+    doc: Doc
+    hash: str
+    size: int
+    mtime_ns: int
+
+
+def load(src: Source, rel: str, max_bytes: int) -> Loaded:
+    """Read and parse one file. Raises sources.Unreadable (with the reason) when it cannot be
+    indexed, or documents.NeedsTool when a helper program is missing."""
+    path = src.root / rel
+    title = Path(rel).stem
+    suffix = Path(rel).suffix.lower()
+    if suffix == ".pdf":
+        raw = sources.read_bytes(path, max_bytes)
+        try:
+            pages = documents.pdf_text(path)
+        except ValueError as e:
+            raise sources.Unreadable(str(e)) from None
+        doc = documents.parse_pdf(pages, title)
+        return Loaded(doc, raw.hash, raw.size, raw.mtime_ns)
+    content = sources.read(path, max_bytes)
+    if suffix in MARKDOWN:
+        doc = markdown.parse(content.text, title, obsidian=src.kind == "obsidian")
+    elif suffix == ".rst":
+        doc = documents.parse_rst(content.text, title)
+    else:
+        doc = documents.parse_text(content.text, title)
+    if content.warning:
+        doc.warnings.insert(0, content.warning)
+    return Loaded(doc, content.hash, content.size, content.mtime_ns)
