@@ -127,6 +127,8 @@ def do_status(args) -> int:
         print(f"data {st['data_dir']}\nsocket {st['socket']}")
         if not st["sources"]:
             print("no sources configured: add [[sources]] to your config.toml")
+        for hint in st.get("hints", []):
+            print(hint)
         for s in st["sources"]:
             extra = "".join(f", {s[k]} {k}" for k in ("skipped", "failed") if s[k])
             print(f"  {s['name']:<20} {s['files']:>7} files {s['chunks']:>8} chunks{extra}"
@@ -193,6 +195,23 @@ def do_sources(args) -> int:
             print("no sources configured")
         for s in rows:
             print(f"{s['name']:<20} {s['kind']:<9} {s['path']}")
+
+    emit(args, res, human)
+    return 0
+
+
+def do_files(args) -> int:
+    kw = {k: getattr(args, k) for k in ("source", "status") if getattr(args, k)}
+    res = call(args, "files", **kw)
+
+    def human(res):
+        for f in res["files"]:
+            why = f"  ({f['reason']})" if f["reason"] else ""
+            print(f"{f['status']:<8} {f['chunks']:>4} chunks  {f['path']}{why}")
+        counts: dict[str, int] = {}
+        for f in res["files"]:
+            counts[f["status"]] = counts.get(f["status"], 0) + 1
+        print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no files")
 
     emit(args, res, human)
     return 0
@@ -286,6 +305,11 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=do_reindex)
     p = sub.add_parser("sources", parents=[common], help="list the configured sources")
     p.set_defaults(func=do_sources)
+    p = sub.add_parser("files", parents=[common],
+                       help="every file ragd has seen: status, reason, chunks")
+    p.add_argument("--source", metavar="NAME")
+    p.add_argument("--status", choices=["indexed", "skipped", "failed"])
+    p.set_defaults(func=do_files)
     p = sub.add_parser("models", parents=[common],
                        help="list models; 'models pull NAME' downloads one")
     p.add_argument("action", nargs="?", choices=["list", "pull"], default="list")

@@ -33,6 +33,7 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, None),
                "sources": (list, None), "rerank": (bool, None)},
     "reindex": {"source": (str, None)},
+    "files": {"source": (str, None), "status": (str, None), "limit": (int, 100000)},
     "models": {},
     "models_pull": {"name": (str, REQUIRED)},
     "stop": {},
@@ -111,6 +112,9 @@ class Ops:
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self.engines.status(db)
+            hints = [r[0] for r in db.execute(
+                "SELECT DISTINCT reason FROM files WHERE status = 'skipped' AND reason LIKE "
+                "'PDF skipped: pdftotext is not installed%'")]
         per_source = []
         for s in self.cfg.sources:
             c = counts.get(s.name, {})
@@ -128,7 +132,7 @@ class Ops:
             "data_dir": str(self.cfg.data_dir), "socket": str(self.cfg.socket),
             "config": str(self.cfg.path) if self.cfg.path else None,
             "pending": pending, "idle": idle,
-            "sources": per_source, "engines": engines,
+            "sources": per_source, "engines": engines, "hints": hints,
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,
                        "files_removed": s.files_removed, "chunks_written": s.chunks_written},
@@ -194,6 +198,26 @@ class Ops:
                           f"{', '.join(s.name for s in self.cfg.sources) or 'none'}")
         names = self.indexer.request_scan(source, force=True)
         return {"queued": names}
+
+    def cmd_files(self, source: str | None, status: str | None, limit: int) -> dict:
+        """Every file ragd has seen: status, reason, chunks, when it was indexed."""
+        if source is not None and self.cfg.source(source) is None:
+            raise OpError(P.NOT_FOUND, f"files: no source named {source!r}")
+        if status is not None and status not in ("indexed", "skipped", "failed"):
+            raise OpError(P.BAD_ARGS, "files: status must be indexed, skipped or failed")
+        sql = ("SELECT f.source, f.relpath, f.status, f.reason, f.size, f.indexed_at, "
+               "(SELECT COUNT(*) FROM chunks c WHERE c.file_id = f.id) AS chunks FROM files f "
+               "WHERE (? IS NULL OR f.source = ?) AND (? IS NULL OR f.status = ?) "
+               "ORDER BY f.source, f.relpath LIMIT ?")
+        with self.reads.conn() as db:
+            rows = db.execute(sql, (source, source, status, status, limit)).fetchall()
+        out = []
+        for r in rows:
+            src = self.cfg.source(r["source"])
+            out.append({"path": str(src.root / r["relpath"]) if src else r["relpath"],
+                        "source": r["source"], "status": r["status"], "reason": r["reason"],
+                        "chunks": r["chunks"], "bytes": r["size"], "indexed_at": r["indexed_at"]})
+        return {"files": out}
 
     def cmd_models(self) -> dict:
         configured = {"embedding": self.cfg.embedding_model, "reranker": self.cfg.reranker_model}

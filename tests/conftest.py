@@ -64,14 +64,16 @@ def _toml(v) -> str:
 class Daemon:
     """A real ragd process. Use as a context manager, or call stop() / kill()."""
 
-    def __init__(self, config: Path, socket: Path, log: Path):
+    def __init__(self, config: Path, socket: Path, log: Path, env: dict | None = None):
         self.config, self.socket, self.log = config, socket, log
+        self.env = env
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "Daemon":
         self._err = open(self.log, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "ragd", "--config", str(self.config)],
-                                     stdin=subprocess.DEVNULL, stdout=self._err, stderr=self._err)
+                                     stdin=subprocess.DEVNULL, stdout=self._err, stderr=self._err,
+                                     env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -191,3 +193,34 @@ def wait_embedded(d: Daemon, timeout: float = 180.0, every: float = 0.1) -> dict
             return st
         time.sleep(every)
     raise TimeoutError(f"not embedded after {timeout}s: {st}")
+
+
+def make_pdf(path: Path, pages: list[list[str]]) -> Path:
+    """A real (minimal) PDF: each page a list of text lines in Helvetica."""
+    def esc(t: str) -> str:
+        return t.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+
+    objs: list[bytes] = []
+    n = len(pages)
+    font = 3 + 2 * n
+    kids = " ".join(f"{3 + 2 * i} 0 R" for i in range(n))
+    objs.append(b"<< /Type /Catalog /Pages 2 0 R >>")
+    objs.append(f"<< /Type /Pages /Kids [{kids}] /Count {n} >>".encode())
+    for i, lines in enumerate(pages):
+        objs.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font "
+                    f"<< /F1 {font} 0 R >> >> /Contents {4 + 2 * i} 0 R >>".encode())
+        text = "BT /F1 11 Tf 72 720 Td 14 TL " + " ".join(f"({esc(ln)}) Tj T*" for ln in lines) + " ET"
+        objs.append(f"<< /Length {len(text)} >>\nstream\n{text}\nendstream".encode())
+    objs.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for i, body in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += f"{i} 0 obj\n".encode() + body + b"\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objs) + 1}\n0000000000 65535 f \n".encode()
+    for off in offsets:
+        out += f"{off:010d} 00000 n \n".encode()
+    out += f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    path.write_bytes(bytes(out))
+    return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -230,3 +231,24 @@ def test_every_file_of_every_shared_vault_ingests():
             check_chunks(loaded.doc, chunks, 256)
         n += 1
     assert n > 8000
+
+
+def test_ignore_rules(tmp_path):
+    (tmp_path / ".obsidian").mkdir()
+    (tmp_path / ".obsidian" / "app.json").write_text(json.dumps(
+        {"userIgnoreFilters": ["Archive/", "/^Private.*/"]}))
+    (tmp_path / ".ragignore").write_text("# comment\nbuild/\n*.draft.md\n!keep.draft.md\n"
+                                         "/root-only.md\ndocs/**/secret.md\n")
+    files = ["a.md", "Archive/old.md", "Private notes.md", "build/x.md", "sub/build/y.md",
+             "n.draft.md", "keep.draft.md", "root-only.md", "sub/root-only.md",
+             "docs/x/y/secret.md", "docs/public.md", "note.md.swp", "note.md~", "x.tmp.md",
+             "n.sync-conflict-20240101.md", "ok.sync.md"]
+    for rel in files:
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("x")
+    src = Source("v", tmp_path, "obsidian", ("**/*.md", "**/*.md.swp", "**/*.md~"), ())
+    assert sorted(s.relpath for s in sources.scan(src)) == [
+        "a.md", "docs/public.md", "keep.draft.md", "ok.sync.md", "sub/root-only.md", "x.tmp.md"]
+    folder = Source("f", tmp_path, "folder", ("**/*.md",), ())  # no Obsidian rules for folders
+    assert "Archive/old.md" in {s.relpath for s in sources.scan(folder)}

@@ -180,6 +180,9 @@ def chunk_doc(doc: Doc, budget: int = 256, overlap: int = 48) -> list[Chunk]:
     for b in doc.blocks:
         if b.kind == "comment":
             continue
+        if b.kind == "page":  # a PDF's page break: a section break without a heading
+            flush()
+            continue
         if b.kind == "heading":
             flush()
             while path and path[-1][0] >= b.level:

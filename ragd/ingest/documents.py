@@ -113,7 +113,10 @@ def parse_pdf(pages: list[str], title: str) -> Doc:
     running = {k for k, c in edges.items() if len(page_lines) >= 2 and c >= max(2, len(page_lines) / 2)}
     lines: list[str] = []
     pages_of: list[int] = []
+    blocks: list[Block] = []
     for pno, plines in enumerate(page_lines, 1):
+        first = len(lines)
+        blocks.append(Block("page", first, first, pno))  # chunks do not cross pages
         for ln in plines:
             s = ln.strip()
             if re.fullmatch(r"(page\s*)?\d+(\s*(/|of)\s*\d+)?", s, re.I):
@@ -128,4 +131,5 @@ def parse_pdf(pages: list[str], title: str) -> Doc:
             pages_of.append(pno)
         lines.append("")
         pages_of.append(pno)
-    return Doc(lines=lines, blocks=paragraphs(lines), title=title, pages=pages_of)
+        blocks += paragraphs(lines, first, len(lines))
+    return Doc(lines=lines, blocks=blocks, title=title, pages=pages_of)

@@ -29,7 +29,7 @@ MEDIA = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp", ".bmp", ".pdf", ".mp3
 
 @dataclass
 class Block:
-    kind: str  # heading | para | code | table | quote | comment
+    kind: str  # heading | para | code | table | quote | comment | page (a PDF page break)
     start: int  # 0-based first line
     end: int  # 0-based last line, inclusive
     level: int = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -43,12 +44,85 @@ def matches(relpath: str, patterns: tuple[str, ...]) -> bool:
     return any(glob_regex(p).match(relpath) for p in patterns)
 
 
+# Editor and sync debris, by file name (names starting with "." are skipped anyway).
+DEBRIS = ("*.swp", "*.swo", "*~", "*.tmp", "*.sync-conflict-*", "*.crdownload", "*.part")
+
+
+def gitignore_rules(text: str) -> list[tuple[re.Pattern, bool]]:
+    """(regex on the relative path, negated) per rule of a .gitignore-style file: # comments,
+    ! negation, a trailing / for folders, a / inside anchors to the root, ** across folders."""
+    rules = []
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        neg = line.startswith("!")
+        if neg:
+            line = line[1:]
+        dir_only = line.endswith("/")
+        line = line.strip("/") if dir_only else line
+        anchored = "/" in line
+        body = glob_regex(line.lstrip("/")).pattern[:-2]  # drop the \Z
+        prefix = "" if anchored else "(?:.*/)?"
+        suffix = "/.*" if dir_only else "(?:/.*)?"
+        rules.append((re.compile(prefix + body + suffix + r"\Z"), neg))
+    return rules
+
+
+def obsidian_rules(filters: list) -> list[tuple[re.Pattern, bool]]:
+    """The vault's "Excluded files" (userIgnoreFilters in .obsidian/app.json): a path prefix,
+    or a /regex/."""
+    rules = []
+    for f in filters:
+        if not isinstance(f, str) or not f:
+            continue
+        if len(f) > 2 and f.startswith("/") and f.endswith("/"):
+            try:
+                rules.append((re.compile(f[1:-1]), False))
+            except re.error:
+                continue
+        else:
+            rules.append((re.compile(re.escape(f) + ".*"), False))
+    return rules
+
+
+class Rules:
+    """Everything that decides whether a source indexes a path: its globs, the debris names,
+    .ragignore at its root and, for a vault, Obsidian's excluded files."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.ignore: list[tuple[re.Pattern, bool]] = []
+        try:
+            self.ignore += gitignore_rules((source.root / ".ragignore").read_text(
+                encoding="utf-8", errors="replace"))
+        except OSError:
+            pass
+        if source.kind == "obsidian":
+            try:
+                app = json.loads((source.root / ".obsidian" / "app.json").read_text())
+                self.ignore += obsidian_rules(app.get("userIgnoreFilters") or [])
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def wanted(self, relpath: str) -> bool:
+        parts = relpath.split("/")
+        if any(p.startswith(".") for p in parts):  # .obsidian/, .git/, .trash/, dotfiles
+            return False
+        if matches(parts[-1], DEBRIS):
+            return False
+        if not matches(relpath, self.source.include) or matches(relpath, self.source.exclude):
+            return False
+        ignored = False
+        for pattern, neg in self.ignore:  # the last matching rule wins, as in git
+            if pattern.match(relpath):
+                ignored = not neg
+        return not ignored
+
+
 def wanted(source: Source, relpath: str) -> bool:
     """Does this source index the file at relpath (by its globs and skip rules)?"""
-    parts = relpath.split("/")
-    if any(p.startswith(".") for p in parts):  # .obsidian/, .git/, .trash/, dotfiles
-        return False
-    return matches(relpath, source.include) and not matches(relpath, source.exclude)
+    return Rules(source).wanted(relpath)
 
 
 @dataclass(frozen=True)
@@ -66,6 +140,7 @@ def scan(source: Source) -> Iterator[Seen]:
     skipped with its reason.
     """
     root = str(source.root)
+    rules = Rules(source)
     stack = [""]
     while stack:
         rel_dir = stack.pop()
@@ -82,7 +157,7 @@ def scan(source: Source) -> Iterator[Seen]:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(rel)
                         continue
-                    if not wanted(source, rel):
+                    if not rules.wanted(rel):
                         continue
                     try:
                         st = entry.stat(follow_symlinks=True)

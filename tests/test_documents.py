@@ -1,0 +1,75 @@
+"""A real daemon over a document folder: Markdown, text, reStructuredText, PDF, ignore rules and
+bad files; coverage through `ragctl files`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from conftest import BM25_ONLY, Daemon, make_pdf, ragctl, write_config
+
+
+def make_folder(root: Path) -> Path:
+    root.mkdir()
+    (root / "notes.md").write_text("---\naliases: [Quagga Handbook]\ntags: [zoo]\n---\n"
+                                   "# Care\n\nFeed twice a day.\n")
+    (root / "readme.txt").write_text("Plain text about the axolotl.\n\nSecond paragraph.\n")
+    (root / "guide.rst").write_text("Guide\n=====\n\nIntro.\n\nPangolin Section\n----------------\n\n"
+                                    "Scales and more scales.\n")
+    make_pdf(root / "paper.pdf", [["Journal of Okapi Studies", "The okapi lives in the Ituri",
+                                   "rainforest of Congo.", "1"],
+                                  ["Journal of Okapi Studies",
+                                   "Its stripes help calves follow their mothers.", "2"]])
+    (root / "binary.md").write_bytes(b"\x00\x01 binary")
+    (root / "notes.md.swp").write_text("debris")
+    (root / "drafts").mkdir()
+    (root / "drafts" / "wip.md").write_text("work in progress about the okapi")
+    (root / ".ragignore").write_text("drafts/\n")
+    return root
+
+
+def test_document_folder(make_daemon, tmp_path):
+    root = make_folder(tmp_path / "docs")
+    d = make_daemon(sources=[{"name": "docs", "path": str(root),
+                              "include": ["**/*.md", "**/*.txt", "**/*.rst", "**/*.pdf", "**/*.swp"]}])
+    with d:
+        st = d.wait_idle()
+        assert st["hints"] == []
+        r = ragctl("--config", d.config, "files", "--json")
+        files = {Path(f["path"]).name: f for f in json.loads(r.stdout)["files"]}
+        assert set(files) == {"notes.md", "readme.txt", "guide.rst", "paper.pdf", "binary.md"}
+        assert files["binary.md"]["status"] == "skipped"
+        assert files["binary.md"]["reason"] == "binary file (contains NUL bytes)"
+        for name in ("notes.md", "readme.txt", "guide.rst", "paper.pdf"):
+            assert files[name]["status"] == "indexed" and files[name]["chunks"] >= 1, files[name]
+        r = ragctl("--config", d.config, "files", "--status", "skipped")
+        assert "binary.md" in r.stdout and "1 skipped" in r.stdout
+
+        hit = d.call("search", query="stripes calves", k=1)["results"][0]
+        assert hit["path"].endswith("paper.pdf")
+        assert (hit["line_start"], hit["line_end"]) == (2, 2)  # the page
+        assert "Journal of Okapi Studies" not in hit["text"]  # running header dropped
+        hit = d.call("search", query="quagga handbook", k=1)["results"][0]
+        assert hit["path"].endswith("notes.md") and hit["line_start"] == 7  # found by alias
+        hit = d.call("search", query="pangolin scales", k=1)["results"][0]
+        assert hit["path"].endswith("guide.rst") and hit["heading"] == "guide > Pangolin Section"
+        assert all("drafts" not in h["path"]  # .ragignore
+                   for h in d.call("search", query="work in progress okapi", k=10)["results"])
+
+
+def test_without_pdftotext_pdfs_are_skipped_with_how_to_install(tmp_path):
+    root = make_folder(tmp_path / "docs")
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "data", tmp_path / "run" / "s.sock",
+                       [{"name": "docs", "path": str(root)}], BM25_ONLY)
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent))  # no pdftotext on it
+    d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "log", env=env)
+    with d:
+        st = d.wait_idle()
+        assert any("apt install poppler-utils" in h for h in st["hints"])
+        files = {Path(f["path"]).name: f for f in d.call("files")["files"]}
+        assert files["paper.pdf"]["status"] == "skipped"
+        assert files["paper.pdf"]["reason"].startswith("PDF skipped: pdftotext is not installed")
+        assert files["readme.txt"]["status"] == "indexed"
+        assert d.call("search", query="axolotl", k=1)["results"]
