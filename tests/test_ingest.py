@@ -252,3 +252,16 @@ def test_ignore_rules(tmp_path):
         "a.md", "docs/public.md", "keep.draft.md", "ok.sync.md", "sub/root-only.md", "x.tmp.md"]
     folder = Source("f", tmp_path, "folder", ("**/*.md",), ())  # no Obsidian rules for folders
     assert "Archive/old.md" in {s.relpath for s in sources.scan(folder)}
+
+
+@pytest.mark.parametrize("name", ["start-here", "dataview-base", "recurring-tasks",
+                                  "plugin-tests-callouts"])
+def test_golden_chunks_of_real_notes(name):
+    """Exact chunks (heading path, line range, shown text, searched body, keywords) and note
+    metadata of real notes: frontmatter, aliases/tags, wikilinks and embeds, callouts, nested
+    headings, Dataview. Regenerate with tests/golden/make.py and read the diff."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent / "golden"))
+    from make import NOTES, render
+    want = json.loads((Path(__file__).parent / "golden" / f"{name}.json").read_text())
+    assert render(NOTES[name]) == want

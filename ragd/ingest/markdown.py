@@ -22,7 +22,7 @@ TAG = re.compile(r"(?<![\w/&#])#([A-Za-z_][\w\-/]*)")
 COMMENT = re.compile(r"%%.*?%%", re.S)
 BLOCK_ID = re.compile(r"\s\^([A-Za-z0-9\-]+)\s*$")
 HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9\-]*(?:\s[^<>]*)?/?>")
-CALLOUT = re.compile(r"^(\s{0,3}>\s*)\[!([\w\-]+)\][+\-]?\s*", re.M)
+CALLOUT = re.compile(r"^([ \t]{0,3}>[ \t]*)\[!([\w\-]+)\][+\-]?[ \t]*", re.M)
 MEDIA = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp", ".bmp", ".pdf", ".mp3", ".mp4",
          ".webm", ".wav", ".ogg", ".mov", ".excalidraw")
 
@@ -232,7 +232,9 @@ def _scan_syntax(doc: Doc) -> None:
                 target = m.group(2).strip()
                 if target:
                     (embeds if m.group(1) else links)[target] = None
-            for m in TAG.finditer(re.sub(r"`[^`]*`", "", line)):
+            # links first: [[#Heading]] and (url#anchor) are not tags, nor is `code`
+            bare = MDLINK.sub(" ", WIKILINK.sub(" ", re.sub(r"`[^`]*`", "", line)))
+            for m in TAG.finditer(bare):
                 tags[m.group(1)] = None
             bid = BLOCK_ID.search(line)
             if bid:
@@ -262,6 +264,7 @@ def clean_text(text: str, obsidian: bool = True) -> str:
         text = CALLOUT.sub(lambda m: f"{m.group(1)}{m.group(2)}: ", text)
         text = "\n".join(BLOCK_ID.sub("", line) for line in text.split("\n"))
         text = TAG.sub(lambda m: m.group(1).replace("/", " "), text)
+    text = re.sub(r"(?m)^[ \t]{0,3}>[ \t]?", "", text)  # quote and callout markers
     text = MDLINK.sub(lambda m: "" if m.group(1) and m.group(3).lower().endswith(MEDIA)
                       else m.group(2), text)
     text = HTML_TAG.sub(" ", text)
