@@ -62,6 +62,11 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "models": {
         "hub_url": (str, ""),
     },
+    "watch": {
+        "enabled": (bool, True),
+        "quiet_ms": (int, 250),
+        "scan_interval": (float, 600.0),
+    },
     "reranker": {
         "model": (str, ""),
         "pooling": (str, ""),
@@ -125,6 +130,9 @@ class Config:
     rerank_top: int = 20
     rerank_budget_ms: int = 4000
     hub_url: str = ""
+    watch: bool = True
+    watch_quiet_ms: int = 250
+    scan_interval: float = 600.0
     sources: list[Source] = field(default_factory=list)
 
     def pooling_for(self, role: str) -> str | None:
@@ -225,7 +233,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("engines", "threads", 1), ("engines", "startup_timeout", 1),
                             ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
-                            ("reranker", "budget_ms", 1)):
+                            ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
+                            ("watch", "scan_interval", 1)):
         if values[table][key] < low:
             raise ConfigError(f"{where}: {table}.{key} must be at least {low}, "
                               f"got {values[table][key]}")
@@ -265,7 +274,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
                   reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
                   rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],
-                  sources=sources)
+                  watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],
+                  scan_interval=values["watch"]["scan_interval"], sources=sources)
 
 
 def _auto_budget(model: str) -> int:

@@ -18,6 +18,7 @@ from ragd import __version__, config
 from ragd.engines.manager import Engines
 from ragd.index import store
 from ragd.index.indexer import Indexer
+from ragd.ingest.watcher import Watcher
 from ragd.ops import Ops
 from ragd.server import Server
 
@@ -120,6 +121,9 @@ def run(cfg: config.Config, background: bool) -> int:
     ops = Ops(cfg, indexer, engines, request_stop=stop.set)
     server = Server(cfg.socket, ops.dispatch, cfg.max_connections)
     indexer.start()
+    # Queued before the socket opens: a client that sees the daemon answer never sees it idle
+    # with the start-up scan still to come.
+    indexer.request_scan()
     try:
         server.start()
         engines.start()
@@ -134,7 +138,10 @@ def run(cfg: config.Config, background: bool) -> int:
         if not cfg.sources:
             log.warning("no sources configured: add [[sources]] to %s, or pass --source PATH",
                         cfg.path or "a config file")
-        indexer.request_scan()
+        if cfg.watch:
+            ops.watcher = Watcher(cfg.sources, indexer, cfg.watch_quiet_ms / 1000,
+                                  cfg.scan_interval)
+            ops.watcher.start()
         log.info("ready in %.3fs; indexing %d source(s) in the background",
                  time.monotonic() - t0, len(cfg.sources))
         while not stop.wait(1.0):
@@ -143,6 +150,8 @@ def run(cfg: config.Config, background: bool) -> int:
     finally:
         ops.stopping.set()
         server.close()
+        if ops.watcher is not None:
+            ops.watcher.stop()
         indexer.stop()
         engines.stop()
         log.info("stopped")

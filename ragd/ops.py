@@ -86,6 +86,7 @@ class Ops:
         self.indexer = indexer
         self.engines = engines
         self.searcher = Searcher(cfg, engines)
+        self.watcher = None  # set by the daemon once watching starts
         self.request_stop = request_stop
         self.reads = ReadPool(cfg.db_path)
         self.started = time.time()
@@ -108,7 +109,8 @@ class Ops:
         # The indexer's state first: when it says idle, the counts read after it include every
         # commit that made it so (read the other way round, a client could see idle with stale
         # counts).
-        pending, idle = self.indexer.pending, self.indexer.idle
+        waiting = self.watcher.pending if self.watcher is not None else 0
+        pending, idle = self.indexer.pending + waiting, self.indexer.idle and not waiting
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self.engines.status(db)
@@ -124,6 +126,9 @@ class Ops:
                 "files": c.get("indexed", 0), "skipped": c.get("skipped", 0),
                 "failed": c.get("failed", 0), "chunks": c.get("chunks", 0),
                 "scanning": st.scanning, "last_scan": st.last_scan, "last_error": st.last_error,
+                "watched": self.watcher is not None and s.name not in self.watcher.errors,
+                "watch_error": self.watcher.errors.get(s.name) if self.watcher else None,
+                "last_event": self.watcher.last_event.get(s.name) if self.watcher else None,
             })
         s = self.indexer.stats
         return {
@@ -135,7 +140,8 @@ class Ops:
             "sources": per_source, "engines": engines, "hints": hints,
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,
-                       "files_removed": s.files_removed, "chunks_written": s.chunks_written},
+                       "files_removed": s.files_removed, "files_moved": s.files_moved,
+                       "chunks_written": s.chunks_written},
         }
 
     def cmd_sources(self) -> list[dict]:

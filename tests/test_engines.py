@@ -186,7 +186,10 @@ def test_a_5000_word_chunk_is_truncated_and_recorded(make_daemon, tmp_path):
 
 def test_rerank_path_and_budget(make_daemon, tmp_path):
     root = small_vault(tmp_path / "vault")
-    d = make_daemon(sources=src(root), extra=engine_config(reranker=RERANK_MODEL))
+    # A generous budget first (the machine may be busy); a 1 ms one afterwards.
+    d = make_daemon(sources=src(root), extra=(
+        f'[embedding]\nmodel = "{EMBED_MODEL}"\n'
+        f'[reranker]\nmodel = "{RERANK_MODEL}"\nbudget_ms = 120000\n'))
     with d:
         wait_embedded(d)
         deadline = time.monotonic() + 30
@@ -202,8 +205,7 @@ def test_rerank_path_and_budget(make_daemon, tmp_path):
         plain = d.call("search", query="style the task buttons with a CSS snippet", k=5,
                        rerank=False)
         assert plain["reranked"] is False and "rerank" not in plain["results"][0]["scores"]
-    d.config.write_text(d.config.read_text().replace(
-        "[reranker]\n", "[reranker]\nbudget_ms = 1\n"))
+    d.config.write_text(d.config.read_text().replace("budget_ms = 120000", "budget_ms = 1"))
     with d:
         wait_embedded(d)
         while d.call("status")["engines"]["reranker"]["state"] != "ready":

@@ -44,6 +44,7 @@ class Stats:
     files_skipped: int = 0
     files_failed: int = 0
     files_removed: int = 0
+    files_moved: int = 0
     chunks_written: int = 0
     per_source: dict[str, SourceState] = field(default_factory=dict)
 
@@ -59,6 +60,7 @@ class Indexer:
         self._cv = threading.Condition()
         self._scans: OrderedDict[str, bool] = OrderedDict()  # source name -> force
         self._paths: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (source, rel) -> force
+        self._moves: list[tuple[str, str, str]] = []  # (source, old rel, new rel)
         self._busy = False
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="indexer", daemon=True)
@@ -90,21 +92,27 @@ class Indexer:
             self._paths[key] = self._paths.get(key, False) or force
             self._cv.notify_all()
 
+    def request_move(self, source: str, old: str, new: str) -> None:
+        """A file was renamed or moved: keep its chunks and vectors if its content is the same."""
+        with self._cv:
+            self._moves.append((source, old, new))
+            self._cv.notify_all()
+
     @property
     def pending(self) -> int:
         """Files waiting to be indexed (scans not yet listed are not counted; see `idle`)."""
         with self._cv:
-            return len(self._paths)
+            return len(self._paths) + len(self._moves)
 
     @property
     def idle(self) -> bool:
         with self._cv:
-            return not (self._scans or self._paths or self._busy)
+            return not (self._scans or self._paths or self._moves or self._busy)
 
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._scans or self._paths or self._busy:
+            while self._scans or self._paths or self._moves or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -118,7 +126,7 @@ class Indexer:
         try:
             while True:
                 with self._cv:
-                    while not (self._stop or self._scans or self._paths):
+                    while not (self._stop or self._scans or self._paths or self._moves):
                         self._busy = False
                         self._cv.notify_all()
                         self._cv.wait()
@@ -157,7 +165,23 @@ class Indexer:
         changed = [rel for rel, seen in on_disk.items()
                    if force or rel not in known or known[rel].size != seen.size
                    or known[rel].mtime_ns != seen.mtime_ns]
-        gone = [known[rel].id for rel in known.keys() - on_disk.keys()]
+        gone_rels = known.keys() - on_disk.keys()
+        new_rels = [rel for rel in changed if rel not in known]
+        if gone_rels and new_rels:  # renamed or moved while we were not watching?
+            by_hash = {known[rel].hash: rel for rel in gone_rels
+                       if known[rel].hash and known[rel].status == "indexed"}
+            for rel in new_rels:
+                try:
+                    h = sources.read_bytes(src.root / rel, self.cfg.max_file_bytes).hash
+                except sources.Unreadable:
+                    continue
+                old = by_hash.pop(h, None)
+                if old is not None:
+                    gone_rels.discard(old)
+                    changed.remove(rel)
+                    with self._cv:
+                        self._moves.append((name, old, rel))
+        gone = [known[rel].id for rel in gone_rels]
         if gone:
             changes = store.Changes() if self._tracking else None
             self._db.execute("BEGIN IMMEDIATE")
@@ -182,10 +206,15 @@ class Indexer:
             try:
                 while n < BATCH_FILES and time.monotonic() - batch_start < BATCH_SECONDS:
                     with self._cv:
-                        if self._stop or not self._paths:
+                        if self._stop or not (self._paths or self._moves):
                             break
-                        (name, rel), force = self._paths.popitem(last=False)
-                    self._index_one(self._source(name), rel, force, changes)
+                        move = self._moves.pop(0) if self._moves else None
+                        if move is None:
+                            (name, rel), force = self._paths.popitem(last=False)
+                    if move is not None:
+                        self._move_one(self._source(move[0]), move[1], move[2], changes)
+                    else:
+                        self._index_one(self._source(name), rel, force, changes)
                     n += 1
                 self._commit(changes)
             except BaseException:
@@ -194,7 +223,7 @@ class Indexer:
                 raise
             with self._cv:
                 self._cv.notify_all()
-                if self._stop or not self._paths or self._scans:
+                if self._stop or not (self._paths or self._moves) or self._scans:
                     return
 
     @property
@@ -210,6 +239,44 @@ class Indexer:
             self._db.execute("COMMIT")
             if changes.removed or changes.added:
                 self.listener.chunks_changed(self._db, changes.removed, changes.added)
+
+    def _move_one(self, src: Source, old: str, new: str, batch: store.Changes | None) -> None:
+        """old was renamed or moved to new. If the content is the same, the file row and its
+        chunks move with it (ids, embed hashes and so vectors unchanged: nothing is embedded);
+        only the heading path and keywords are refreshed. Otherwise: index new, forget old."""
+        db = self._db
+        row = db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
+                         (src.name, old)).fetchone()
+        moved = False
+        if row is not None and row["status"] == "indexed":
+            try:
+                content = loader.load(src, new, self.cfg.max_file_bytes)
+            except (sources.Unreadable, documents.NeedsTool):
+                content = None
+            if content is not None and content.hash == row["hash"]:
+                pieces = chunker.chunk_doc(content.doc, self.cfg.chunk_tokens,
+                                           self.cfg.chunk_overlap)
+                olds = db.execute("SELECT id, body, line_start, line_end FROM chunks WHERE "
+                                  "file_id = ? ORDER BY ordinal", (row["id"],)).fetchall()
+                if _same_chunks(olds, pieces):
+                    db.execute("SAVEPOINT move")
+                    target = db.execute("SELECT id FROM files WHERE source = ? AND relpath = ?",
+                                        (src.name, new)).fetchone()
+                    if target is not None:  # moved over an existing file
+                        store.delete_file(db, target["id"], batch)
+                    db.execute("UPDATE files SET relpath = ?, size = ?, mtime_ns = ?, meta = ?, "
+                               "indexed_at = ? WHERE id = ?",
+                               (new, content.size, content.mtime_ns,
+                                json.dumps(content.doc.meta(), ensure_ascii=False), time.time(),
+                                row["id"]))
+                    db.executemany("UPDATE chunks SET heading = ?, keywords = ? WHERE id = ?",
+                                   [(p.heading, p.keywords, o["id"]) for o, p in zip(olds, pieces)])
+                    db.execute("RELEASE move")
+                    moved = True
+                    self.stats.files_moved += 1
+        if not moved:
+            self._index_one(src, new, False, batch)
+            self._index_one(src, old, False, batch)  # gone: removes its row
 
     def _index_one(self, src: Source, rel: str, force: bool,
                    batch: store.Changes | None) -> None:
@@ -269,6 +336,12 @@ class Indexer:
                 batch.extend(changes)
             self.stats.files_failed += 1
             self.stats.per_source[src.name].last_error = f"{rel}: {type(e).__name__}: {e}"
+
+
+def _same_chunks(old: list, new: list) -> bool:
+    return len(old) == len(new) and all(
+        (o["body"], o["line_start"], o["line_end"]) == (n.body, n.line_start, n.line_end)
+        for o, n in zip(old, new))
 
 
 def _stat(path: Path) -> tuple[int, int]:

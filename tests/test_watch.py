@@ -1,0 +1,112 @@
+"""Live freshness with the real daemon, the real engine and a copy of a real vault."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from conftest import engine_config, small_vault, wait_embedded
+from ragd.ingest import chunker, markdown
+
+
+def find(d, query, timeout=15.0, mode="bm25"):
+    """Search until the query finds something (or time runs out); return the results."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = d.call("search", query=query, k=5, mode=mode)["results"]
+        if res or time.monotonic() > deadline:
+            return res
+        time.sleep(0.05)
+
+
+def gone(d, query, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while d.call("search", query=query, k=5, mode="bm25")["results"]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def embedded(d) -> int:
+    return wait_embedded(d)["engines"]["embedding"]["embedded_texts"]
+
+
+def test_create_edit_delete_rename_move(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        base = embedded(d)
+        note = root / "Fresh note.md"
+        note.write_text("# Fresh\n\nThe word xylophonist appears here.\n")
+        hits = find(d, "xylophonist")
+        assert hits and hits[0]["path"] == str(note) and hits[0]["line_start"] == 3
+        after_create = embedded(d)
+        assert after_create == base + 1
+
+        note.write_text("# Fresh\n\nNow the word quokkaberry appears instead.\n")
+        assert find(d, "quokkaberry") and gone(d, "xylophonist")
+
+        renamed = root / "Renamed note.md"
+        os.rename(note, renamed)
+        hits = find(d, "quokkaberry")
+        deadline = time.monotonic() + 10
+        while hits and hits[0]["path"] != str(renamed) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            hits = find(d, "quokkaberry")
+        assert hits[0]["path"] == str(renamed)
+        assert hits[0]["heading"] == "Renamed note > Fresh"
+        st = wait_embedded(d)
+        assert st["totals"]["files_moved"] == 1
+        n_embedded = st["engines"]["embedding"]["embedded_texts"]
+        assert n_embedded == after_create + 1  # the edit, and nothing for the rename
+
+        # a folder moved: every note under it follows, nothing embedded
+        shutil.move(str(root / "Other Plugins"), str(root / "Plugins elsewhere"))
+        hits = find(d, "QuickAdd")
+        deadline = time.monotonic() + 10
+        while not all("Plugins elsewhere" in h["path"] for h in hits) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            hits = d.call("search", query="QuickAdd", k=5, mode="bm25")["results"]
+        assert hits and all("Plugins elsewhere" in h["path"] for h in hits)
+        st = wait_embedded(d)
+        assert st["totals"]["files_moved"] >= 1 + 5
+        assert st["engines"]["embedding"]["embedded_texts"] == n_embedded
+        assert st["sources"][0]["files"] == 16  # 15 notes + the fresh one
+
+        os.remove(renamed)
+        assert gone(d, "quokkaberry")
+        assert wait_embedded(d)["sources"][0]["files"] == 15
+
+
+def test_save_burst_is_one_update_and_one_paragraph_embeds_its_chunks(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    note = root / "How To" / "Set up custom statuses.md"
+    with d:
+        st = wait_embedded(d)
+        indexed, before = st["totals"]["files_indexed"], st["engines"]["embedding"]["embedded_texts"]
+        old_text = note.read_text()
+        lines = old_text.split("\n")
+        i = next(k for k, ln in enumerate(lines) if len(ln.split()) > 12 and k > 40)
+        lines[i] = lines[i] + " Zanzibar marmalade."
+        new_text = "\n".join(lines)
+        # an editor's save: write a temp file, rename it over the note, touch it
+        tmp = note.with_name(".Set up custom statuses.md.tmp")
+        tmp.write_text(new_text)
+        os.replace(tmp, note)
+        os.utime(note)
+        assert find(d, "zanzibar marmalade")
+        st = wait_embedded(d)
+        assert st["totals"]["files_indexed"] == indexed + 1  # one update for the burst
+
+        def hashes(text):
+            doc = markdown.parse(text, note.stem)
+            return {c.embed_hash for c in chunker.chunk_doc(doc, 256, 48)}
+
+        changed = len(hashes(new_text) - hashes(old_text))
+        assert 1 <= changed <= 2  # the chunk holding the line (and its overlap neighbour)
+        assert st["engines"]["embedding"]["embedded_texts"] == before + changed
