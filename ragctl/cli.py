@@ -217,6 +217,15 @@ def do_files(args) -> int:
     return 0
 
 
+def do_gc(args) -> int:
+    kw = {"grace_hours": args.grace_hours} if args.grace_hours is not None else {}
+    res = call(args, "gc", timeout=None, **kw)
+    emit(args, res, lambda r: print(
+        f"gc: {r['deleted']} unused cache entries deleted ({r['bytes_freed']} bytes freed); "
+        f"{r['waiting']} unused entries kept for the grace period"))
+    return 0
+
+
 def do_models(args) -> int:
     if args.action == "pull":
         if not args.name:
@@ -310,6 +319,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", metavar="NAME")
     p.add_argument("--status", choices=["indexed", "skipped", "failed"])
     p.set_defaults(func=do_files)
+    p = sub.add_parser("gc", parents=[common],
+                       help="delete embedding cache entries nothing uses any more")
+    p.add_argument("--grace-hours", type=float, metavar="H",
+                   help="only those unused for at least H hours (default: [gc] grace_hours)")
+    p.set_defaults(func=do_gc)
     p = sub.add_parser("models", parents=[common],
                        help="list models; 'models pull NAME' downloads one")
     p.add_argument("action", nargs="?", choices=["list", "pull"], default="list")

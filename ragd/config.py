@@ -62,6 +62,10 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "models": {
         "hub_url": (str, ""),
     },
+    "gc": {
+        "grace_hours": (float, 24.0),
+        "interval_hours": (float, 1.0),
+    },
     "watch": {
         "enabled": (bool, True),
         "quiet_ms": (int, 250),
@@ -130,6 +134,8 @@ class Config:
     rerank_top: int = 20
     rerank_budget_ms: int = 4000
     hub_url: str = ""
+    gc_grace_hours: float = 24.0
+    gc_interval_hours: float = 1.0
     watch: bool = True
     watch_quiet_ms: int = 250
     scan_interval: float = 600.0
@@ -234,6 +240,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
                             ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
+                            ("gc", "grace_hours", 0), ("gc", "interval_hours", 0.01),
                             ("watch", "scan_interval", 1)):
         if values[table][key] < low:
             raise ConfigError(f"{where}: {table}.{key} must be at least {low}, "
@@ -274,6 +281,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
                   reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
                   rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],
+                  gc_grace_hours=values["gc"]["grace_hours"],
+                  gc_interval_hours=values["gc"]["interval_hours"],
                   watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],
                   scan_interval=values["watch"]["scan_interval"], sources=sources)
 

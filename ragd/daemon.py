@@ -16,7 +16,7 @@ import time
 
 from ragd import __version__, config
 from ragd.engines.manager import Engines
-from ragd.index import store
+from ragd.index import gc, store
 from ragd.index.indexer import Indexer
 from ragd.ingest.watcher import Watcher
 from ragd.ops import Ops
@@ -144,8 +144,19 @@ def run(cfg: config.Config, background: bool) -> int:
             ops.watcher.start()
         log.info("ready in %.3fs; indexing %d source(s) in the background",
                  time.monotonic() - t0, len(cfg.sources))
+        next_gc = time.monotonic() + 60  # first sweep a minute after start
         while not stop.wait(1.0):
-            pass
+            if time.monotonic() >= next_gc:
+                next_gc = time.monotonic() + cfg.gc_interval_hours * 3600
+                try:
+                    with ops.reads.conn() as db:
+                        res = gc.sweep(db, cfg.gc_grace_hours * 3600)
+                    if res.deleted or res.marked:
+                        log.info("gc: %d cache entries deleted (%d bytes), %d newly unused, "
+                                 "%d waiting out the grace period", res.deleted, res.bytes_freed,
+                                 res.marked, res.waiting)
+                except Exception:
+                    log.exception("gc sweep failed")
         log.info("stopping")
     finally:
         ops.stopping.set()

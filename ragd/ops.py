@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ragd import __version__
 from ragd import protocol as P
 from ragd.config import Config
-from ragd.index import store
+from ragd.index import gc, store
 from ragd.index.indexer import Indexer
 from ragd.search.hybrid import MODES, Searcher
 from ragd.engines import download, models
@@ -34,6 +34,7 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
                "sources": (list, None), "rerank": (bool, None)},
     "reindex": {"source": (str, None)},
     "files": {"source": (str, None), "status": (str, None), "limit": (int, 100000)},
+    "gc": {"grace_hours": ((int, float), None)},
     "models": {},
     "models_pull": {"name": (str, REQUIRED)},
     "stop": {},
@@ -54,8 +55,9 @@ def check_args(op: str, args: dict) -> dict:
             out[name] = default
             continue
         value = args[name]
-        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be {typ.__name__}, "
+        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+            kind = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+            raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be {kind}, "
                           f"got {type(value).__name__}")
         out[name] = value
     return out
@@ -224,6 +226,15 @@ class Ops:
                         "source": r["source"], "status": r["status"], "reason": r["reason"],
                         "chunks": r["chunks"], "bytes": r["size"], "indexed_at": r["indexed_at"]})
         return {"files": out}
+
+    def cmd_gc(self, grace_hours: float | None) -> dict:
+        """Sweep the embedding cache now; grace_hours overrides [gc] grace_hours (0: delete
+        every unused entry)."""
+        grace = self.cfg.gc_grace_hours if grace_hours is None else float(grace_hours)
+        if grace < 0:
+            raise OpError(P.BAD_ARGS, "gc: grace_hours must be >= 0")
+        with self.reads.conn() as db:
+            return gc.sweep(db, grace * 3600).as_dict()
 
     def cmd_models(self) -> dict:
         configured = {"embedding": self.cfg.embedding_model, "reranker": self.cfg.reranker_model}

@@ -110,3 +110,44 @@ def test_save_burst_is_one_update_and_one_paragraph_embeds_its_chunks(make_daemo
         changed = len(hashes(new_text) - hashes(old_text))
         assert 1 <= changed <= 2  # the chunk holding the line (and its overlap neighbour)
         assert st["engines"]["embedding"]["embedded_texts"] == before + changed
+
+
+def test_gc_deletes_only_unused_entries_after_the_grace_period(make_daemon, tmp_path):
+    import json
+    import sqlite3
+
+    from conftest import ragctl
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "a.md").write_text("# A\n\nAardvarks dig burrows at night.\n")
+    (root / "b.md").write_text("# B\n\nBonobos share their food.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra=engine_config(extra="[watch]\nquiet_ms = 50\n"))
+    def entries():
+        return db.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0]
+
+    def gc(*args):
+        r = ragctl("--config", d.config, "--json", "gc", *args)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    with d:
+        db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+        assert embedded(d) == 2 and entries() == 2
+        b_text = (root / "b.md").read_text()
+        (root / "b.md").unlink()
+        assert gone(d, "bonobos")
+        res = gc()  # within the grace period: marked, kept
+        assert (res["deleted"], res["marked"], res["waiting"]) == (0, 1, 1) and entries() == 2
+        (root / "b.md").write_text(b_text)  # undo: the cache answers, nothing is embedded
+        assert find(d, "bonobos")
+        assert embedded(d) == 2
+        assert gc()["waiting"] == 0  # in use again: unmarked
+        (root / "b.md").unlink()
+        assert gone(d, "bonobos")
+        gc()
+        res = gc("--grace-hours", "0")
+        assert res["deleted"] == 1 and res["bytes_freed"] > 384 * 4 and entries() == 1
+        assert find(d, "aardvarks burrows", mode="vector")  # what is used stays
+        r = ragctl("--config", d.config, "gc")
+        assert r.returncode == 0 and "0 unused cache entries deleted" in r.stdout

@@ -178,6 +178,15 @@ def m003_search_text_and_note_metadata(db: sqlite3.Connection) -> None:
     """)
 
 
+@migration
+def m004_cache_gc(db: sqlite3.Connection) -> None:
+    """When an embedding cache entry was first found unused (NULL: in use); see index/gc.py."""
+    run_script(db, """
+        ALTER TABLE embeddings ADD COLUMN orphaned_at REAL;
+        CREATE INDEX embeddings_orphaned ON embeddings (orphaned_at) WHERE orphaned_at IS NOT NULL;
+    """)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,53 @@
+"""Garbage collection of the embedding cache.
+
+An entry (vector space, text hash) is in use while some chunk's text has that hash — in any
+space, so that switching back to an earlier model costs nothing. An entry nothing uses is not
+deleted at once: a sweep marks it orphaned, and a later sweep deletes it once it has been
+orphaned for the grace period ([gc] grace_hours, 24 h by default), so that an undo or a branch
+switch re-uses it instead of embedding again. An entry used again is unmarked.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+
+UNUSED = ("NOT EXISTS (SELECT 1 FROM chunks c WHERE c.embed_hash = embeddings.text_hash)")
+
+
+@dataclass
+class GCResult:
+    marked: int  # newly found unused, kept for the grace period
+    deleted: int
+    bytes_freed: int
+    waiting: int  # unused, still within the grace period
+
+    def as_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+def sweep(db: sqlite3.Connection, grace_s: float, now: float | None = None) -> GCResult:
+    """One pass, in one transaction. The caller owns the connection (any writer)."""
+    now = time.time() if now is None else now
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(f"UPDATE embeddings SET orphaned_at = NULL WHERE orphaned_at IS NOT NULL "
+                   f"AND NOT {UNUSED}")
+        marked = db.execute(f"UPDATE embeddings SET orphaned_at = ? WHERE orphaned_at IS NULL "
+                            f"AND {UNUSED}", (now,)).rowcount
+        cutoff = now - grace_s
+        freed = db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(vector) + LENGTH(text_hash)), 0) "
+                           "FROM embeddings WHERE orphaned_at IS NOT NULL AND orphaned_at <= ?",
+                           (cutoff,)).fetchone()
+        db.execute("DELETE FROM embeddings WHERE orphaned_at IS NOT NULL AND orphaned_at <= ?",
+                   (cutoff,))
+        db.execute("DELETE FROM embed_failures WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE "
+                   "c.embed_hash = embed_failures.text_hash)")
+        waiting = db.execute("SELECT COUNT(*) FROM embeddings WHERE orphaned_at IS NOT NULL"
+                             ).fetchone()[0]
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return GCResult(marked, freed[0], freed[1], waiting)
