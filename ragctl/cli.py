@@ -151,7 +151,7 @@ def do_status(args) -> int:
 
 def do_search(args) -> int:
     kw = {"query": args.query}
-    for key in ("mode", "k", "rerank"):
+    for key in ("mode", "k", "rerank", "wait"):
         if getattr(args, key) is not None:
             kw[key] = getattr(args, key)
     if args.source:
@@ -170,8 +170,9 @@ def do_search(args) -> int:
             print(f"no results ({res.get('reason') or 'nothing matched'})")
         for i, r in enumerate(res["results"], 1):
             head = f" — {r['heading']}" if r["heading"] else ""
+            stale = "  (changed since indexed)" if r.get("stale") else ""
             print(f"{i:>2}. {r['path']}:{r['line_start']}-{r['line_end']}  "
-                  f"[{r['score']:.3f}]{head}")
+                  f"[{r['score']:.3f}]{head}{stale}")
             snippet = " ".join(r["text"].split())
             print(f"    {snippet[:200]}{'…' if len(snippet) > 200 else ''}")
 
@@ -308,6 +309,8 @@ def parser() -> argparse.ArgumentParser:
                    help="rerank with the cross-encoder (default: when one is configured)")
     p.add_argument("--source", action="append", metavar="NAME",
                    help="search only this source (repeatable)")
+    p.add_argument("--wait", type=float, metavar="SECONDS",
+                   help="first wait (at most this long) for pending changes to be indexed")
     p.set_defaults(func=do_search)
     p = sub.add_parser("reindex", parents=[common], help="re-read and re-chunk every file")
     p.add_argument("--source", metavar="NAME", help="only this source")

@@ -31,7 +31,7 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "status": {},
     "sources": {},
     "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, None),
-               "sources": (list, None), "rerank": (bool, None)},
+               "sources": (list, None), "rerank": (bool, None), "wait": ((int, float), 0)},
     "reindex": {"source": (str, None)},
     "files": {"source": (str, None), "status": (str, None), "limit": (int, 100000)},
     "gc": {"grace_hours": ((int, float), None)},
@@ -150,9 +150,31 @@ class Ops:
         return [{"name": s.name, "path": str(s.root), "kind": s.kind, "include": list(s.include),
                  "exclude": list(s.exclude)} for s in self.cfg.sources]
 
+    def _wait_fresh(self, timeout: float) -> bool:
+        """Wait (at most timeout s) until changes already made on disk are searchable: the
+        watcher's settling events, the indexer's queue and the embedder's backlog are empty."""
+        deadline = time.monotonic() + timeout
+        # inotify delivers within milliseconds: give an edit made just before this request
+        # the time to show up as a pending event before concluding there is none
+        grace = time.monotonic() + min(0.1, timeout)
+        emb = self.engines.embedder
+        while True:
+            watching = self.watcher.pending if self.watcher is not None else 0
+            busy = watching or not self.indexer.idle or (
+                emb is not None and emb.vectors is not None and not emb.idle)
+            now = time.monotonic()
+            if not busy and now >= grace:
+                return True
+            if now >= deadline:
+                return False
+            time.sleep(0.01)
+
     def cmd_search(self, query: str, k: int | None, mode: str | None, sources: list | None,
-                   rerank: bool | None) -> dict:
+                   rerank: bool | None, wait: float) -> dict:
         t0 = time.perf_counter()
+        if not 0 <= wait <= 60:
+            raise OpError(P.BAD_ARGS, f"search: 'wait' must be between 0 and 60 s, got {wait}")
+        fresh = self._wait_fresh(wait) if wait else None
         k = self.cfg.search_k if k is None else k
         mode = mode or self.cfg.search_mode
         if not 1 <= k <= 1000:
@@ -172,6 +194,8 @@ class Ops:
                  "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), "results": results}
         reply.update({key: v for key, v in info.items() if key not in ("mode", "nothing_relevant")})
         reply.setdefault("degraded", False)
+        if fresh is not None:
+            reply["waited"] = {"fresh": fresh, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
         return reply
 
     def _results(self, db: sqlite3.Connection, ranked: list[tuple[int, float, dict]],
@@ -182,7 +206,8 @@ class Ops:
         ids = [cid for cid, _, _ in ranked]
         rows = {r["id"]: r for r in db.execute(
             "SELECT c.id, c.heading, c.line_start, c.line_end, c.text, f.source, f.relpath, "
-            f"f.indexed_at FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN "
+            f"f.indexed_at, f.size, f.mtime_ns FROM chunks c JOIN files f ON f.id = c.file_id "
+            f"WHERE c.id IN "
             f"({','.join('?' * len(ids))})", ids)}
         out = []
         for cid, score, parts in ranked:
@@ -190,11 +215,13 @@ class Ops:
             if r is None:  # deleted between the ranking and this read
                 continue
             src = self.cfg.source(r["source"])
+            path = src.root / r["relpath"] if src else None
             out.append({
-                "path": str(src.root / r["relpath"]) if src else r["relpath"],
+                "path": str(path) if path else r["relpath"],
                 "source": r["source"], "line_start": r["line_start"], "line_end": r["line_end"],
                 "heading": r["heading"], "score": round(score, 6), "scores": parts,
                 "text": r["text"], "indexed_at": r["indexed_at"],
+                "stale": _changed(path, r["size"], r["mtime_ns"]),
             })
             if len(out) == k:
                 break
@@ -274,6 +301,17 @@ class Ops:
     def cmd_stop(self) -> dict:
         self.stopping.set()
         return AfterReply({"stopping": True, "pid": os.getpid()}, self.request_stop)
+
+
+def _changed(path, size: int, mtime_ns: int) -> bool:
+    """Has the file changed on disk since it was indexed (or gone)?"""
+    if path is None:
+        return True
+    try:
+        st = os.stat(path)
+    except OSError:
+        return True
+    return st.st_size != size or st.st_mtime_ns != mtime_ns
 
 
 def _progress_stream(run: Callable, name: str):

@@ -6,7 +6,10 @@ import os
 import shutil
 import time
 
+import pytest
+
 from conftest import engine_config, small_vault, wait_embedded
+from ragd.protocol import DaemonError
 from ragd.ingest import chunker, markdown
 
 
@@ -151,3 +154,34 @@ def test_gc_deletes_only_unused_entries_after_the_grace_period(make_daemon, tmp_
         assert find(d, "aardvarks burrows", mode="vector")  # what is used stays
         r = ragctl("--config", d.config, "gc")
         assert r.returncode == 0 and "0 unused cache entries deleted" in r.stdout
+
+
+def test_search_can_wait_for_its_own_edit_and_results_say_when_stale(make_daemon, tmp_path):
+    import json
+
+    from conftest import ragctl
+    root = small_vault(tmp_path / "vault")
+    # a 2 s quiet window: long enough to look at a result before the change is re-indexed
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="[watch]\nquiet_ms = 2000\n"))
+    note = root / "How To" / "Set up custom statuses.md"
+    with d:
+        wait_embedded(d)
+        hit = d.call("search", query="custom statuses", k=1, mode="bm25")["results"][0]
+        assert hit["stale"] is False and hit["indexed_at"] > 0
+        for i in range(3):  # save, then search at once: the reply includes the edit
+            with open(note, "a") as f:
+                f.write(f"\nA new line about the wombat{i} colony.\n")
+            r = ragctl("--config", d.config, "--json", "search", f"wombat{i}", "--wait", "10")
+            res = json.loads(r.stdout)
+            assert res["waited"]["fresh"] is True
+            assert res["results"] and res["results"][0]["path"] == str(note), res
+            assert res["results"][0]["stale"] is False
+        # changed on disk, not re-indexed yet (the change is still settling): results say so
+        os.utime(note, ns=(1, 1))
+        hit = d.call("search", query="wombat0", k=1, mode="bm25")["results"][0]
+        assert hit["stale"] is True
+        hit = d.call("search", query="wombat0", k=1, mode="bm25", wait=10)["results"][0]
+        assert hit["stale"] is False
+        with pytest.raises(DaemonError, match="between 0 and 60"):
+            d.call("search", query="x", wait=100)
