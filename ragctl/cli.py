@@ -55,6 +55,15 @@ def emit(args, obj, human) -> None:
 
 # ---------------------------------------------------------------------------------------------
 
+def _ping(path) -> dict | None:
+    """The daemon's ping reply, or None when nothing answers at path."""
+    try:
+        with P.Client(path, timeout=5) as c:
+            return c.call("ping")
+    except (P.NotRunning, OSError, P.ProtocolError):
+        return None
+
+
 def do_start(args) -> int:
     if args.socket:
         # ragd has no --socket flag: its config sets where it listens. Refuse rather than start
@@ -63,16 +72,13 @@ def do_start(args) -> int:
                    "the config instead", 2)
     env = {k: v for k, v in os.environ.items() if k != "RAGD_SOCKET"}
     path = P.socket_path(None, args.config, env)
-    try:
-        with P.Client(path, timeout=5) as c:
-            info = c.call("ping")
+    info = _ping(path)
+    if info is not None:
         print(f"ragd is already running (pid {info['pid']})")
         return 0
-    except (P.NotRunning, OSError, P.ProtocolError):
-        pass
     cmd = [sys.executable, "-m", "ragd", "--background"]
     if args.config:
-        cmd += ["--config", args.config]
+        cmd += ["--config", os.path.abspath(args.config)]
     for s in args.source:
         cmd += ["--source", s]
     with tempfile.TemporaryFile() as err:
@@ -85,14 +91,12 @@ def do_start(args) -> int:
                 err.seek(0)
                 msg = err.read().decode(errors="replace").strip()
                 raise Fail(msg or f"ragd exited with status {proc.returncode} before answering")
-            try:
-                with P.Client(path, timeout=5) as c:
-                    info = c.call("ping")
+            info = _ping(path)
+            if info is not None:
                 print(f"ragd started (pid {info['pid']}, socket {path})")
                 return 0
-            except (P.NotRunning, OSError, P.ProtocolError):
-                time.sleep(delay)
-                delay = min(delay * 2, 0.2)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
         raise Fail(f"ragd (pid {proc.pid}) did not answer within {START_TIMEOUT:.0f}s; "
                    f"see its log")
 

@@ -42,6 +42,8 @@ def test_phrase_comes_back_first_with_path_and_lines(make_daemon, tmp_path):
         lines = note.read_text(encoding="utf-8").split("\n")
         assert "\n".join(lines[top["line_start"] - 1: top["line_end"]]).strip() == top["text"]
         assert res["results"][0]["score"] > res["results"][1]["score"]
+        only = d.call("search", query=PHRASE, k=5, sources=["obsidian-tasks-docs"])["results"]
+        assert [r["path"] for r in only] == [r["path"] for r in res["results"]]
 
 
 def test_ragctl_commands_and_json_shapes(make_daemon, tmp_path):

@@ -95,17 +95,18 @@ def search(db: sqlite3.Connection, query: str, limit: int,
     if not parts:
         return []
     match = " OR ".join(prune_common(db, parts))
-    sql = f"SELECT chunks_fts.rowid, bm25(chunks_fts, {WEIGHTS}) AS s FROM chunks_fts"
-    params: list = [match]
-    if sources:
-        sql += (" JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.id = c.file_id "
-                f"WHERE chunks_fts MATCH ? AND f.source IN ({','.join('?' * len(sources))})")
-        params += sources
-    else:
-        sql += " WHERE chunks_fts MATCH ?"
-    sql += " ORDER BY s LIMIT ?"
-    params.append(limit)
-    return [Hit(r[0], -r[1]) for r in db.execute(sql, params)]
+    sql, params = _matching(f"chunks_fts.rowid, bm25(chunks_fts, {WEIGHTS}) AS s", match, sources)
+    return [Hit(r[0], -r[1]) for r in db.execute(sql + " ORDER BY s LIMIT ?", [*params, limit])]
+
+
+def _matching(columns: str, match: str, sources: list[str] | None) -> tuple[str, list]:
+    """SELECT columns of the FTS rows matching, optionally only in these sources."""
+    sql = f"SELECT {columns} FROM chunks_fts"
+    if not sources:
+        return sql + " WHERE chunks_fts MATCH ?", [match]
+    sql += (" JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.id = c.file_id "
+            f"WHERE chunks_fts MATCH ? AND f.source IN ({','.join('?' * len(sources))})")
+    return sql, [match, *sources]
 
 
 def all_terms_match(db: sqlite3.Connection, query: str, sources: list[str] | None = None) -> bool:
@@ -113,12 +114,5 @@ def all_terms_match(db: sqlite3.Connection, query: str, sources: list[str] | Non
     parts = query_parts(query)
     if not parts:
         return False
-    sql = "SELECT chunks_fts.rowid FROM chunks_fts"
-    params: list = [" AND ".join(parts)]
-    if sources:
-        sql += (" JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.id = c.file_id "
-                f"WHERE chunks_fts MATCH ? AND f.source IN ({','.join('?' * len(sources))})")
-        params += sources
-    else:
-        sql += " WHERE chunks_fts MATCH ?"
+    sql, params = _matching("chunks_fts.rowid", " AND ".join(parts), sources)
     return db.execute(sql + " LIMIT 1", params).fetchone() is not None
