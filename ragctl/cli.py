@@ -222,6 +222,23 @@ def do_files(args) -> int:
     return 0
 
 
+def do_watch(args) -> int:
+    """Print index events as they happen (Ctrl-C to stop)."""
+    with connect(args, timeout=None) as c:
+        req = c.send("events")
+        for reply in c.replies(req):
+            e = reply["result"]
+            if args.json:
+                print(json.dumps(e, ensure_ascii=False), flush=True)
+                continue
+            stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+            what = e.get("path") or e.get("message") or ""
+            extra = "".join(f" {k}={e[k]}" for k in ("chunks", "from_path", "reason", "lost_before")
+                            if k in e)
+            print(f"{stamp} {e['event']:<10} {what}{extra}", flush=True)
+    return 0
+
+
 def do_gc(args) -> int:
     kw = {"grace_hours": args.grace_hours} if args.grace_hours is not None else {}
     res = call(args, "gc", timeout=None, **kw)
@@ -326,6 +343,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", metavar="NAME")
     p.add_argument("--status", choices=["indexed", "skipped", "failed"])
     p.set_defaults(func=do_files)
+    p = sub.add_parser("watch", parents=[common], help="print index events as they happen")
+    p.set_defaults(func=do_watch)
     p = sub.add_parser("gc", parents=[common],
                        help="delete embedding cache entries nothing uses any more")
     p.add_argument("--grace-hours", type=float, metavar="H",

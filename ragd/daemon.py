@@ -16,6 +16,7 @@ import time
 
 from ragd import __version__, config
 from ragd.engines.manager import Engines
+from ragd.events import EventBus
 from ragd.index import gc, store
 from ragd.index.indexer import Indexer
 from ragd.ingest.watcher import Watcher
@@ -117,7 +118,7 @@ def run(cfg: config.Config, background: bool) -> int:
         signal.signal(sig, lambda signum, frame: stop.set())
 
     engines = Engines(cfg)
-    indexer = Indexer(cfg, cfg.db_path, listener=engines)
+    indexer = Indexer(cfg, cfg.db_path, listener=engines, events=EventBus())
     ops = Ops(cfg, indexer, engines, request_stop=stop.set)
     server = Server(cfg.socket, ops.dispatch, cfg.max_connections)
     indexer.start()

@@ -35,6 +35,7 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "reindex": {"source": (str, None)},
     "files": {"source": (str, None), "status": (str, None), "limit": (int, 100000)},
     "gc": {"grace_hours": ((int, float), None)},
+    "events": {},
     "models": {},
     "models_pull": {"name": (str, REQUIRED)},
     "stop": {},
@@ -89,6 +90,7 @@ class Ops:
         self.engines = engines
         self.searcher = Searcher(cfg, engines)
         self.watcher = None  # set by the daemon once watching starts
+        self.events = indexer.events
         self.request_stop = request_stop
         self.reads = ReadPool(cfg.db_path)
         self.started = time.time()
@@ -253,6 +255,25 @@ class Ops:
                         "source": r["source"], "status": r["status"], "reason": r["reason"],
                         "chunks": r["chunks"], "bytes": r["size"], "indexed_at": r["indexed_at"]})
         return {"files": out}
+
+    def cmd_events(self):
+        """A stream of index events ({"event": indexed|removed|moved|skipped|failed|error,
+        "time", "source", "path", ...}) until the client hangs up or the daemon stops."""
+        if self.events is None:
+            raise OpError(P.UNAVAILABLE, "events are not available")
+        sub = self.events.subscribe()
+
+        def items():
+            try:
+                yield {"event": "subscribed", "time": time.time()}
+                while not self.stopping.is_set():
+                    event = sub.get(timeout=1.0)
+                    if event is not None:
+                        yield event
+            finally:
+                sub.close()
+
+        return Stream(items(), lambda: {"event": "closed", "time": time.time()})
 
     def cmd_gc(self, grace_hours: float | None) -> dict:
         """Sweep the embedding cache now; grace_hours overrides [gc] grace_hours (0: delete

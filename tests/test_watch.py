@@ -185,3 +185,46 @@ def test_search_can_wait_for_its_own_edit_and_results_say_when_stale(make_daemon
         assert hit["stale"] is False
         with pytest.raises(DaemonError, match="between 0 and 60"):
             d.call("search", query="x", wait=100)
+
+
+def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path):
+    root = tmp_path / "notes"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        (root / f"{name}.md").write_text(f"# {name}\n\nNote {name} about lemurs.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n[watch]\nquiet_ms = 50\n')
+    with d:
+        d.wait_idle()
+        with d.client(timeout=20) as c:
+            events = c.replies(c.send("events"))
+            assert next(events)["result"]["event"] == "subscribed"
+
+            def next_event(kind):
+                while True:
+                    e = next(events)["result"]
+                    if e["event"] == kind:
+                        return e
+
+            (root / "new.md").write_text("# New\n\nFresh words.\n")
+            e = next_event("indexed")
+            assert e["path"] == str(root / "new.md") and e["chunks"] == 1 and e["source"] == "n"
+            os.rename(root / "new.md", root / "moved.md")
+            e = next_event("moved")
+            assert e["path"] == str(root / "moved.md") and e["from_path"] == str(root / "new.md")
+            os.remove(root / "moved.md")
+            assert next_event("removed")["path"] == str(root / "moved.md")
+
+            # the whole folder vanishes (an unmounted disk): its files are kept and flagged
+            os.rename(root, tmp_path / "away")
+            d.call("reindex")
+            e = next_event("error")
+            assert "is missing; its files are kept" in e["message"]
+        st = d.wait_idle()
+        assert st["sources"][0]["files"] == 3 and "is missing" in st["sources"][0]["last_error"]
+        assert d.call("search", query="lemurs", k=5)["results"]
+        os.rename(tmp_path / "away", root)
+        d.call("reindex")
+        st = d.wait_idle()
+        assert st["sources"][0]["files"] == 3 and st["sources"][0]["last_error"] is None
+        assert st["totals"]["files_removed"] == 1  # only moved.md, ever

@@ -50,10 +50,11 @@ class Stats:
 
 
 class Indexer:
-    def __init__(self, cfg: Config, db_path: Path, listener=None):
+    def __init__(self, cfg: Config, db_path: Path, listener=None, events=None):
         # listener: has .sync (a lock) and .chunks_changed(db, removed, added), called after
         # each commit with the lock held (the embedder, mirroring chunks into the vectors).
         self.listener = listener
+        self.events = events  # an EventBus, or None
         self.cfg = cfg
         self.db_path = db_path
         self.stats = Stats(per_source={s.name: SourceState() for s in cfg.sources})
@@ -65,6 +66,7 @@ class Indexer:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="indexer", daemon=True)
         self._db = None
+        self._pending_events: list = []
 
     # -- control (any thread) -----------------------------------------------------------------
 
@@ -156,10 +158,15 @@ class Indexer:
         state = self.stats.per_source[name]
         t0 = time.monotonic()
         if not src.root.is_dir():
+            # An unmounted disk or a renamed folder is not "every file deleted".
             state.last_error = f"source folder {src.root} is missing; its files are kept"
             log.warning("source %s: %s", name, state.last_error)
+            if self.events is not None:
+                self.events.publish("error", source=name, message=state.last_error)
             state.scanning = False
             return
+        if state.last_error and "is missing" in state.last_error:
+            state.last_error = None  # it is back
         known = store.file_rows(self._db, name)
         on_disk = {seen.relpath: seen for seen in sources.scan(src)}
         changed = [rel for rel, seen in on_disk.items()
@@ -185,8 +192,9 @@ class Indexer:
         if gone:
             changes = store.Changes() if self._tracking else None
             self._db.execute("BEGIN IMMEDIATE")
-            for file_id in gone:
-                store.delete_file(self._db, file_id, changes)
+            for rel in gone_rels:
+                store.delete_file(self._db, known[rel].id, changes)
+                self._emit("removed", name, rel)
             self._commit(changes)
             self.stats.files_removed += len(gone)
         with self._cv:
@@ -218,6 +226,7 @@ class Indexer:
                     n += 1
                 self._commit(changes)
             except BaseException:
+                self._pending_events.clear()  # nothing of a rolled-back batch is told
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
@@ -231,7 +240,26 @@ class Indexer:
         """Is anyone mirroring chunk changes (the embedder)? If not, don't collect them."""
         return self.listener is not None and self.listener.wants_changes
 
+    def _emit(self, kind: str, source: str, rel: str, **fields) -> None:
+        if self.events is not None:
+            self._pending_events.append((kind, source, rel, fields))
+
+    def _publish(self) -> None:
+        """Events are told after their commit: a listener never sees what could roll back."""
+        events, self._pending_events = self._pending_events, []
+        if self.events is not None:
+            for kind, source, rel, fields in events:
+                src = self.cfg.source(source)
+                self.events.publish(kind, source=source, path=str(src.root / rel) if src else rel,
+                                    **fields)
+
     def _commit(self, changes: store.Changes | None) -> None:
+        try:
+            self._commit_db(changes)
+        finally:
+            self._publish()
+
+    def _commit_db(self, changes: store.Changes | None) -> None:
         if changes is None or self.listener is None:
             self._db.execute("COMMIT")
             return
@@ -274,6 +302,7 @@ class Indexer:
                     db.execute("RELEASE move")
                     moved = True
                     self.stats.files_moved += 1
+                    self._emit("moved", src.name, new, from_path=str(src.root / old))
         if not moved:
             self._index_one(src, new, False, batch)
             self._index_one(src, old, False, batch)  # gone: removes its row
@@ -294,12 +323,14 @@ class Indexer:
                     if row is not None:
                         store.delete_file(db, row["id"], changes)
                         self.stats.files_removed += 1
+                        self._emit("removed", src.name, rel)
                 else:
                     size, mtime_ns = _stat(path)
                     store.put_file(db, src.name, rel, size, mtime_ns, None, "skipped", str(e), [],
                                    changes)
                     self.stats.files_skipped += 1
                     log.info("skipped %s/%s: %s", src.name, rel, e)
+                    self._emit("skipped", src.name, rel, reason=str(e))
                 db.execute("RELEASE file")
                 if batch is not None:
                     batch.extend(changes)
@@ -323,6 +354,7 @@ class Indexer:
                 batch.extend(changes)
             self.stats.files_indexed += 1
             self.stats.chunks_written += len(records)
+            self._emit("indexed", src.name, rel, chunks=len(records))
         except Exception as e:
             # A bug or an unexpected error on one file: record it, keep the daemon going.
             db.execute("ROLLBACK TO file")
@@ -336,6 +368,7 @@ class Indexer:
                 batch.extend(changes)
             self.stats.files_failed += 1
             self.stats.per_source[src.name].last_error = f"{rel}: {type(e).__name__}: {e}"
+            self._emit("failed", src.name, rel, reason=f"{type(e).__name__}: {e}")
 
 
 def _same_chunks(old: list, new: list) -> bool:
