@@ -228,3 +228,68 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
         st = d.wait_idle()
         assert st["sources"][0]["files"] == 3 and st["sources"][0]["last_error"] is None
         assert st["totals"]["files_removed"] == 1  # only moved.md, ever
+
+
+def test_a_1000_file_storm_converges_with_nothing_lost(make_daemon, tmp_path):
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "seed.md").write_text("# Seed\n\nA first note.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n')
+    with d:
+        d.wait_idle()
+        for i in range(1000):  # like a sync tool dumping a folder, or a git checkout
+            sub = root / f"dump{i % 10}"
+            sub.mkdir(exist_ok=True)
+            (sub / f"n{i}.md").write_text(f"# Note {i}\n\nStorm word tok{i}x here.\n")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = d.call("status")
+            if st["sources"][0]["files"] == 1001 and st["idle"]:
+                break
+            time.sleep(0.1)
+        assert st["sources"][0]["files"] == 1001 and st["pending"] == 0
+        for i in (0, 1, 499, 998, 999):
+            hits = d.call("search", query=f"tok{i}x", k=1, mode="bm25")["results"]
+            assert hits and hits[0]["path"].endswith(f"n{i}.md")
+        # and a storm of deletions
+        for i in range(0, 1000, 2):
+            (root / f"dump{i % 10}" / f"n{i}.md").unlink()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = d.call("status")
+            if st["sources"][0]["files"] == 501 and st["idle"]:
+                break
+            time.sleep(0.1)
+        assert st["sources"][0]["files"] == 501
+
+
+def test_kill_9_during_the_initial_embedding_converges(make_daemon, tmp_path):
+    import signal
+    import sqlite3
+
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    d.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        e = d.call("status")["engines"]["embedding"]
+        if e.get("vectors", 0) >= 30:
+            break
+        time.sleep(0.05)
+    first = e["embedded_texts"]
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    assert db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == \
+        db.execute("SELECT COUNT(*) FROM chunks_fts").fetchone()[0]
+    with d:
+        st = wait_embedded(d)
+        second = st["engines"]["embedding"]["embedded_texts"]
+        distinct = db.execute("SELECT COUNT(DISTINCT embed_hash) FROM chunks").fetchone()[0]
+        assert db.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0] == distinct
+        assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
+        # embedded in both runs: every distinct text once, plus what was in flight at the kill
+        # (one batch of <= 1024 tokens; and what was embedded after the last status we read)
+        assert distinct <= first + second <= distinct + 2 * 8, (first, second, distinct)
