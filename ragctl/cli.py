@@ -137,6 +137,10 @@ def do_status(args) -> int:
             extra = "".join(f", {s[k]} {k}" for k in ("skipped", "failed") if s[k])
             print(f"  {s['name']:<20} {s['files']:>7} files {s['chunks']:>8} chunks{extra}"
                   f"  {s['kind']}  {s['path']}")
+            if s.get("lag_s"):
+                print(f"    index lag: {s['lag_s']:.1f}s")
+            if s.get("watch_error"):
+                print(f"    not watched: {s['watch_error']}")
             if s.get("last_error"):
                 print(f"    last error: {s['last_error']}")
         for role, e in st.get("engines", {}).items():

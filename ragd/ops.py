@@ -115,6 +115,11 @@ class Ops:
         # counts).
         waiting = self.watcher.pending if self.watcher is not None else 0
         pending, idle = self.indexer.pending + waiting, self.indexer.idle and not waiting
+        oldest = self.indexer.oldest_pending()
+        if self.watcher is not None:
+            for source, t in self.watcher.oldest_pending().items():
+                oldest[source] = min(oldest.get(source, t), t)
+        now = time.time()
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self.engines.status(db)
@@ -133,6 +138,7 @@ class Ops:
                 "watched": self.watcher is not None and s.name not in self.watcher.errors,
                 "watch_error": self.watcher.errors.get(s.name) if self.watcher else None,
                 "last_event": self.watcher.last_event.get(s.name) if self.watcher else None,
+                "lag_s": round(now - oldest[s.name], 3) if s.name in oldest else 0.0,
             })
         s = self.indexer.stats
         return {

@@ -242,6 +242,11 @@ def test_a_1000_file_storm_converges_with_nothing_lost(make_daemon, tmp_path):
             sub = root / f"dump{i % 10}"
             sub.mkdir(exist_ok=True)
             (sub / f"n{i}.md").write_text(f"# Note {i}\n\nStorm word tok{i}x here.\n")
+        lags = []
+        for _ in range(5):  # while it settles, status shows a lag
+            lags.append(d.call("status")["sources"][0]["lag_s"])
+            time.sleep(0.02)
+        assert max(lags) > 0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             st = d.call("status")
@@ -249,6 +254,7 @@ def test_a_1000_file_storm_converges_with_nothing_lost(make_daemon, tmp_path):
                 break
             time.sleep(0.1)
         assert st["sources"][0]["files"] == 1001 and st["pending"] == 0
+        assert st["sources"][0]["lag_s"] == 0.0
         for i in (0, 1, 499, 998, 999):
             hits = d.call("search", query=f"tok{i}x", k=1, mode="bm25")["results"]
             assert hits and hits[0]["path"].endswith(f"n{i}.md")

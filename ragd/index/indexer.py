@@ -62,6 +62,7 @@ class Indexer:
         self._scans: OrderedDict[str, bool] = OrderedDict()  # source name -> force
         self._paths: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (source, rel) -> force
         self._moves: list[tuple[str, str, str]] = []  # (source, old rel, new rel)
+        self._since: dict[tuple[str, str], float] = {}  # when a queued path was first asked for
         self._busy = False
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="indexer", daemon=True)
@@ -88,11 +89,21 @@ class Indexer:
             self._cv.notify_all()
         return names
 
-    def request_path(self, source: str, relpath: str, force: bool = False) -> None:
+    def request_path(self, source: str, relpath: str, force: bool = False,
+                     since: float | None = None) -> None:
         with self._cv:
             key = (source, relpath)
             self._paths[key] = self._paths.get(key, False) or force
+            self._since.setdefault(key, since or time.time())
             self._cv.notify_all()
+
+    def oldest_pending(self) -> dict[str, float]:
+        """Per source, when its oldest change still waiting to be indexed was first seen."""
+        out: dict[str, float] = {}
+        with self._cv:
+            for (source, _), t in self._since.items():
+                out[source] = min(out.get(source, t), t)
+        return out
 
     def request_move(self, source: str, old: str, new: str) -> None:
         """A file was renamed or moved: keep its chunks and vectors if its content is the same."""
@@ -209,6 +220,7 @@ class Indexer:
         """Index queued paths in batched transactions until the queue is empty or a scan waits."""
         while True:
             batch_start, n = time.monotonic(), 0
+            done: list[tuple[str, str]] = []
             changes = store.Changes() if self._tracking else None
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -223,6 +235,7 @@ class Indexer:
                         self._move_one(self._source(move[0]), move[1], move[2], changes)
                     else:
                         self._index_one(self._source(name), rel, force, changes)
+                        done.append((name, rel))
                     n += 1
                 self._commit(changes)
             except BaseException:
@@ -231,6 +244,9 @@ class Indexer:
                     self._db.execute("ROLLBACK")
                 raise
             with self._cv:
+                for key in done:  # committed: no longer waiting (unless asked for again)
+                    if key not in self._paths:
+                        self._since.pop(key, None)
                 self._cv.notify_all()
                 if self._stop or not (self._paths or self._moves) or self._scans:
                     return

@@ -54,6 +54,7 @@ class Watcher:
         self.errors: dict[str, str] = {}  # source -> why it is not watched (periodic scans only)
         self.last_event: dict[str, float] = {}
         self._due: dict[tuple[str, str], float] = {}  # (source, rel) -> time it settles
+        self._seen: dict[tuple[str, str], float] = {}  # (source, rel) -> first event (wall time)
         self._moves: list[tuple[float, str, str, str]] = []  # (due, source, old rel, new rel)
         self._lock = threading.Lock()
         self._inflight = 0  # taken off the queues, not yet handed to the indexer
@@ -135,6 +136,7 @@ class Watcher:
         if rules.wanted(rel):
             with self._lock:
                 self._due[(s.name, rel)] = now + self.quiet
+                self._seen.setdefault((s.name, rel), time.time())
                 overflow = len(self._due) > MAX_PENDING
             if overflow:
                 self._overflow(s)
@@ -190,13 +192,22 @@ class Watcher:
                 self._inflight = len(moves) + len(ready)
             for _, name, old, new in moves:
                 self.indexer.request_move(name, old, new)
-            for name, rel in ready:
-                self.indexer.request_path(name, rel)
+            for key in ready:
+                with self._lock:
+                    since = self._seen.pop(key, None)
+                self.indexer.request_path(*key, since=since)
             with self._lock:
                 self._inflight = 0
             if now >= next_scan:
                 self.indexer.request_scan()
                 next_scan = now + self.scan_interval
+
+    def oldest_pending(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        with self._lock:
+            for (source, _), t in self._seen.items():
+                out[source] = min(out.get(source, t), t)
+        return out
 
     @property
     def pending(self) -> int:
