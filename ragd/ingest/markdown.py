@@ -227,18 +227,25 @@ def _scan_syntax(doc: Doc) -> None:
         if b.kind in ("code", "comment"):
             continue
         for i in range(b.start, b.end + 1):
-            line = COMMENT.sub("", doc.lines[i])
-            for m in WIKILINK.finditer(line):
-                target = m.group(2).strip()
-                if target:
-                    (embeds if m.group(1) else links)[target] = None
-            # links first: [[#Heading]] and (url#anchor) are not tags, nor is `code`
-            bare = MDLINK.sub(" ", WIKILINK.sub(" ", re.sub(r"`[^`]*`", "", line)))
-            for m in TAG.finditer(bare):
-                tags[m.group(1)] = None
-            bid = BLOCK_ID.search(line)
-            if bid:
-                doc.block_ids.append((bid.group(1), i + 1))
+            line = doc.lines[i]
+            if "[[" not in line and "#" not in line and "^" not in line:
+                continue  # most lines: nothing to find
+            if "%%" in line:
+                line = COMMENT.sub("", line)
+            if "[[" in line:
+                for m in WIKILINK.finditer(line):
+                    target = m.group(2).strip()
+                    if target:
+                        (embeds if m.group(1) else links)[target] = None
+            if "#" in line:
+                # links first: [[#Heading]] and (url#anchor) are not tags, nor is `code`
+                bare = MDLINK.sub(" ", WIKILINK.sub(" ", re.sub(r"`[^`]*`", "", line)))
+                for m in TAG.finditer(bare):
+                    tags[m.group(1)] = None
+            if "^" in line:
+                bid = BLOCK_ID.search(line)
+                if bid:
+                    doc.block_ids.append((bid.group(1), i + 1))
     doc.links, doc.embeds, doc.tags = list(links), list(embeds), list(tags)
 
 
@@ -257,15 +264,24 @@ def _wikilink_text(m: re.Match) -> str:
 
 
 def clean_text(text: str, obsidian: bool = True) -> str:
-    """Readable text for search and embedding: links as their words, comments and markup out."""
+    """Readable text for search and embedding: links as their words, comments and markup out.
+    (Each pattern runs only when its marker occurs: most text has none.)"""
     if obsidian:
-        text = COMMENT.sub(" ", text)
-        text = WIKILINK.sub(_wikilink_text, text)
-        text = CALLOUT.sub(lambda m: f"{m.group(1)}{m.group(2)}: ", text)
-        text = "\n".join(BLOCK_ID.sub("", line) for line in text.split("\n"))
-        text = TAG.sub(lambda m: m.group(1).replace("/", " "), text)
-    text = re.sub(r"(?m)^[ \t]{0,3}>[ \t]?", "", text)  # quote and callout markers
-    text = MDLINK.sub(lambda m: "" if m.group(1) and m.group(3).lower().endswith(MEDIA)
-                      else m.group(2), text)
-    text = HTML_TAG.sub(" ", text)
+        if "%%" in text:
+            text = COMMENT.sub(" ", text)
+        if "[[" in text:
+            text = WIKILINK.sub(_wikilink_text, text)
+        if "[!" in text:
+            text = CALLOUT.sub(lambda m: f"{m.group(1)}{m.group(2)}: ", text)
+        if "^" in text:
+            text = "\n".join(BLOCK_ID.sub("", line) for line in text.split("\n"))
+        if "#" in text:
+            text = TAG.sub(lambda m: m.group(1).replace("/", " "), text)
+    if ">" in text:
+        text = re.sub(r"(?m)^[ \t]{0,3}>[ \t]?", "", text)  # quote and callout markers
+    if "](" in text:
+        text = MDLINK.sub(lambda m: "" if m.group(1) and m.group(3).lower().endswith(MEDIA)
+                          else m.group(2), text)
+    if "<" in text:
+        text = HTML_TAG.sub(" ", text)
     return re.sub(r"[ \t]{2,}", " ", text).strip()
