@@ -36,14 +36,9 @@ def pct(xs, p):
 
 
 def ready(d: Daemon, embeddings: bool, t0: float) -> tuple[float, dict]:
-    if embeddings:
-        st = wait_embedded(d, timeout=7200, every=0.05)
-        return time.perf_counter() - t0, st
-    while True:
-        st = d.call("status")
-        if st["idle"] and st["pending"] == 0 and not any(s["scanning"] for s in st["sources"]):
-            return time.perf_counter() - t0, st
-        time.sleep(0.01)
+    st = (wait_embedded(d, timeout=7200, every=0.05) if embeddings
+          else d.wait_idle(timeout=3600, every=0.01))
+    return time.perf_counter() - t0, st
 
 
 def main() -> None:

@@ -55,11 +55,8 @@ def make_queries(vault: Path, n: int, seed: int = 0) -> list[str]:
 
 
 def time_to_idle(d: Daemon, t0: float) -> tuple[float, dict]:
-    while True:
-        st = d.call("status")
-        if st["idle"] and st["pending"] == 0 and not any(s["scanning"] for s in st["sources"]):
-            return time.perf_counter() - t0, st
-        time.sleep(0.01)
+    st = d.wait_idle(timeout=3600, every=0.01)
+    return time.perf_counter() - t0, st
 
 
 def main() -> None:

@@ -94,14 +94,14 @@ class Daemon:
         with self.client() as c:
             return c.call(op, **args)
 
-    def wait_idle(self, timeout: float = 60.0) -> dict:
+    def wait_idle(self, timeout: float = 60.0, every: float = 0.05) -> dict:
         """Poll status until the indexer has nothing left to do; return that status."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             st = self.call("status")
             if st["idle"] and st["pending"] == 0 and not any(s["scanning"] for s in st["sources"]):
                 return st
-            time.sleep(0.05)
+            time.sleep(every)
         raise TimeoutError(f"ragd still busy after {timeout}s: {st}")
 
     def stop(self, timeout: float = 30.0) -> int:
