@@ -120,10 +120,6 @@ class Rules:
         return not ignored
 
 
-def wanted(source: Source, relpath: str) -> bool:
-    """Does this source index the file at relpath (by its globs and skip rules)?"""
-    return Rules(source).wanted(relpath)
-
 
 @dataclass(frozen=True)
 class Seen:
