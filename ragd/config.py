@@ -70,6 +70,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "enabled": (bool, True),
         "quiet_ms": (int, 250),
         "scan_interval": (float, 600.0),
+        "unwatched_scan_interval": (float, 30.0),
     },
     "reranker": {
         "model": (str, ""),
@@ -139,6 +140,7 @@ class Config:
     watch: bool = True
     watch_quiet_ms: int = 250
     scan_interval: float = 600.0
+    unwatched_scan_interval: float = 30.0
     sources: list[Source] = field(default_factory=list)
 
     def pooling_for(self, role: str) -> str | None:
@@ -241,7 +243,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
                             ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
                             ("gc", "grace_hours", 0), ("gc", "interval_hours", 0.01),
-                            ("watch", "scan_interval", 1)):
+                            ("watch", "scan_interval", 1),
+                            ("watch", "unwatched_scan_interval", 1)):
         if values[table][key] < low:
             raise ConfigError(f"{where}: {table}.{key} must be at least {low}, "
                               f"got {values[table][key]}")
@@ -284,7 +287,9 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   gc_grace_hours=values["gc"]["grace_hours"],
                   gc_interval_hours=values["gc"]["interval_hours"],
                   watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],
-                  scan_interval=values["watch"]["scan_interval"], sources=sources)
+                  scan_interval=values["watch"]["scan_interval"],
+                  unwatched_scan_interval=values["watch"]["unwatched_scan_interval"],
+                  sources=sources)
 
 
 def _auto_budget(model: str) -> int:

@@ -141,7 +141,7 @@ def run(cfg: config.Config, background: bool) -> int:
                         cfg.path or "a config file")
         if cfg.watch:
             ops.watcher = Watcher(cfg.sources, indexer, cfg.watch_quiet_ms / 1000,
-                                  cfg.scan_interval)
+                                  cfg.scan_interval, cfg.unwatched_scan_interval)
             ops.watcher.start()
         log.info("ready in %.3fs; indexing %d source(s) in the background",
                  time.monotonic() - t0, len(cfg.sources))

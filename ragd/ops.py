@@ -151,7 +151,8 @@ class Ops:
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,
                        "files_removed": s.files_removed, "files_moved": s.files_moved,
-                       "chunks_written": s.chunks_written},
+                       "chunks_written": s.chunks_written,
+                       "watch_overflows": self.watcher.overflows if self.watcher else 0},
         }
 
     def cmd_sources(self) -> list[dict]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -230,6 +232,29 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
         assert st["totals"]["files_removed"] == 1  # only moved.md, ever
 
 
+def converge(d, files: int, timeout: float = 60.0) -> dict:
+    """Wait until the one source holds `files` indexed files and nothing is pending."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = d.call("status")
+        if st["sources"][0]["files"] == files and st["idle"]:
+            return st
+        if time.monotonic() > deadline:
+            log = d.log.read_text(errors="replace")
+            lines = [ln for ln in log.splitlines() if "WARNING" in ln or "ERROR" in ln]
+            pytest.fail(f"{st['sources'][0]['files']} files indexed, want {files}; pending "
+                        f"{st['pending']}; totals {st['totals']}; warnings:\n"
+                        + "\n".join(lines[-20:]))
+        time.sleep(0.1)
+
+
+def storm(root, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):  # like a sync tool dumping a folder, or a git checkout
+        sub = root / f"dump{i % 10}"
+        sub.mkdir(exist_ok=True)
+        (sub / f"n{i}.md").write_text(f"# Note {i}\n\nStorm word tok{i}x here.\n")
+
+
 def test_a_1000_file_storm_converges_with_nothing_lost(make_daemon, tmp_path):
     root = tmp_path / "notes"
     root.mkdir()
@@ -238,22 +263,13 @@ def test_a_1000_file_storm_converges_with_nothing_lost(make_daemon, tmp_path):
                     extra='[embedding]\nmodel = ""\n')
     with d:
         d.wait_idle()
-        for i in range(1000):  # like a sync tool dumping a folder, or a git checkout
-            sub = root / f"dump{i % 10}"
-            sub.mkdir(exist_ok=True)
-            (sub / f"n{i}.md").write_text(f"# Note {i}\n\nStorm word tok{i}x here.\n")
+        storm(root, 1000)
         lags = []
         for _ in range(5):  # while it settles, status shows a lag
             lags.append(d.call("status")["sources"][0]["lag_s"])
             time.sleep(0.02)
         assert max(lags) > 0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            st = d.call("status")
-            if st["sources"][0]["files"] == 1001 and st["idle"]:
-                break
-            time.sleep(0.1)
-        assert st["sources"][0]["files"] == 1001 and st["pending"] == 0
+        st = converge(d, 1001)
         assert st["sources"][0]["lag_s"] == 0.0
         for i in (0, 1, 499, 998, 999):
             hits = d.call("search", query=f"tok{i}x", k=1, mode="bm25")["results"]
@@ -261,13 +277,73 @@ def test_a_1000_file_storm_converges_with_nothing_lost(make_daemon, tmp_path):
         # and a storm of deletions
         for i in range(0, 1000, 2):
             (root / f"dump{i % 10}" / f"n{i}.md").unlink()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            st = d.call("status")
-            if st["sources"][0]["files"] == 501 and st["idle"]:
-                break
+        converge(d, 501)
+
+
+@contextlib.contextmanager
+def sysctl(name: str, value: int):
+    """Set a kernel setting for the duration (machine-wide: root only, and briefly)."""
+    path = Path("/proc/sys") / name.replace(".", "/")
+    try:
+        old = path.read_text()
+        path.write_text(str(value))
+    except OSError as e:
+        pytest.skip(f"cannot set {name} here: {e}")
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+def test_inotify_queue_overflow_is_heard_and_reconciled(make_daemon, tmp_path):
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "seed.md").write_text("# Seed\n\nA first note.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n')
+    with sysctl("fs.inotify.max_queued_events", 16):  # read when the inotify instance is made
+        d.start()
+        d.wait_idle()
+        assert d.call("status")["sources"][0]["watched"]
+    storm(root, 300)  # ~900 events into a queue of 16: the kernel drops most
+    st = converge(d, 301)
+    assert st["totals"]["watch_overflows"] >= 1
+    assert "inotify queue overflowed" in d.log.read_text()
+
+
+def test_the_inotify_watch_limit_is_reported_and_scans_take_over(make_daemon, tmp_path):
+    root = tmp_path / "notes"
+    for i in range(40):
+        (root / f"f{i}" / "deep").mkdir(parents=True)
+    (root / "seed.md").write_text("# Seed\n\nA first note.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n[watch]\nunwatched_scan_interval = 1.0\n')
+    # the limit stays low throughout, so the new folder below cannot be watched either
+    with sysctl("fs.inotify.max_user_watches", _watches_in_use() + 10):
+        d.start()
+        deadline = time.monotonic() + 15
+        while (src := d.call("status")["sources"][0])["watched"] and \
+                time.monotonic() < deadline:
             time.sleep(0.1)
-        assert st["sources"][0]["files"] == 501
+        assert not src["watched"]
+        assert "fs.inotify.max_user_watches" in src["watch_error"]
+        assert "sudo sysctl" in src["watch_error"]
+        d.wait_idle()
+        (root / "new" / "deeper").mkdir(parents=True)
+        (root / "new" / "deeper" / "late.md").write_text("# Late\n\nA quokkaphrase arrives.\n")
+        hits = find(d, "quokkaphrase", timeout=20)  # found by the frequent scans
+        assert hits and hits[0]["path"].endswith("new/deeper/late.md")
+
+
+def _watches_in_use() -> int:
+    """inotify watches held by all processes visible here (the limit is per user)."""
+    n = 0
+    for fdinfo in Path("/proc").glob("[0-9]*/fdinfo/*"):
+        try:
+            n += fdinfo.read_text().count("inotify wd:")
+        except OSError:
+            pass
+    return n
 
 
 def test_kill_9_during_the_initial_embedding_converges(make_daemon, tmp_path):

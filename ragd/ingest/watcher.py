@@ -6,18 +6,35 @@ moved or renamed becomes a move for the indexer, which keeps its chunks and vect
 embedded); a folder moved becomes a move of each file under it. When the watcher cannot follow
 (the queue overflows, or inotify runs out of watches) it falls back to a reconciliation scan of
 the source, and a periodic scan (``watch.scan_interval``) catches whatever was missed anyway.
+
+Three ways inotify loses events, and what is done about each:
+
+* the kernel's event queue overflows (``fs.inotify.max_queued_events``): watchdog re-adds its
+  watches and logs a warning but tells no handler, so a logging handler listens for that warning
+  and every source is reconciled with a scan;
+* a storm (a ``git checkout``, a sync tool dumping a folder) races folder creation against watch
+  creation: once a burst of at least ``STORM_PATHS`` changed paths has settled, its source is
+  reconciled with a scan (which reads only files whose size or mtime differ from the index);
+* the watch limit (``fs.inotify.max_user_watches``) is reached: watchdog skips the folders it
+  cannot watch without a word, so the watcher compares the folders of each source with the
+  watches its process holds (``/proc/self/fdinfo``); a source not fully watched is reported with
+  the sysctl to raise and is scanned every ``watch.unwatched_scan_interval`` seconds instead.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileAttribEvent,
+                             FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent,
+                             FileMovedEvent, FileSystemEvent, FileSystemEventHandler)
 from watchdog.observers import Observer
 
 from ragd.config import Source
@@ -26,6 +43,12 @@ from ragd.ingest.sources import Rules
 log = logging.getLogger("ragd.watcher")
 
 MAX_PENDING = 20000  # more distinct paths than this waiting: rescan the source instead
+STORM_PATHS = 200  # a settled burst of this many paths is followed by a scan of its source
+OVERFLOW_LOGGER = "watchdog.observers.inotify_c"  # where watchdog (>= 7.1) reports IN_Q_OVERFLOW
+# What is asked of inotify: not opens, reads or closes without a write (ragd's own reading of a
+# file would otherwise fill the kernel's queue with events about itself).
+WANTED_EVENTS = [FileCreatedEvent, FileModifiedEvent, FileAttribEvent, FileClosedEvent,
+                 FileDeletedEvent, FileMovedEvent, DirCreatedEvent, DirDeletedEvent, DirMovedEvent]
 INOTIFY_HINT = ("raise the inotify watch limit, e.g. `sudo sysctl fs.inotify.max_user_watches="
                 "524288` (and add it to /etc/sysctl.conf)")
 
@@ -42,16 +65,102 @@ class _Handler(FileSystemEventHandler):
             log.exception("watch event %r", event)
 
 
+class _OverflowSpy(logging.Handler):
+    """watchdog repairs its watches after an inotify queue overflow and logs a warning, but
+    dispatches nothing to event handlers: hear the warning, and reconcile."""
+
+    def __init__(self, watcher: "Watcher"):
+        super().__init__(logging.WARNING)
+        self.watcher = watcher
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if "overflow" in record.getMessage().lower():
+                self.watcher.overflowed()
+        except Exception:
+            log.exception("handling an inotify queue overflow")
+
+
+def inotify_watched() -> set[int] | None:
+    """Inode numbers of the folders this process's inotify instances watch, read from
+    /proc/self/fdinfo; None where that cannot be known (no /proc, or no inotify instance)."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    inodes: set[int] = set()
+    found = False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                text = f.read()
+        except OSError:
+            continue
+        found = True
+        inodes.update(int(m, 16) for m in re.findall(r"^inotify wd:\d+ ino:([0-9a-f]+)", text,
+                                                     re.M))
+    return inodes if found else None
+
+
+def _folders(root: Path) -> dict[int, str]:
+    """Every folder under root that watchdog watches (all of them, dot folders too; symlinks
+    are not followed), by inode number."""
+    out: dict[int, str] = {}
+    for dirpath, dirnames, _ in os.walk(root):
+        try:
+            out[os.stat(dirpath).st_ino] = dirpath
+        except OSError:
+            pass
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return out
+
+
+def _watch_limit() -> str:
+    try:
+        with open("/proc/sys/fs/inotify/max_user_watches") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+_libc = None
+
+
+def _try_watch(path: str) -> int | None:
+    """Try to watch a folder with a throwaway inotify instance: None if that works (and the
+    watch is dropped at once), else the errno (ENOSPC: the per-user watch limit)."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    fd = _libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
+    if fd < 0:
+        return ctypes.get_errno()
+    try:
+        wd = _libc.inotify_add_watch(fd, os.fsencode(path), 0x100)  # IN_CREATE
+        return ctypes.get_errno() if wd < 0 else None
+    finally:
+        os.close(fd)  # closing the instance drops its watch
+
+
 class Watcher:
     def __init__(self, sources: list[Source], indexer, quiet: float = 0.25,
-                 scan_interval: float = 600.0):
+                 scan_interval: float = 600.0, unwatched_scan_interval: float = 30.0):
         self.sources = sources
         self.indexer = indexer
         self.quiet = quiet
         self.scan_interval = scan_interval
+        self.unwatched_scan_interval = unwatched_scan_interval
         self.rules = {s.name: Rules(s) for s in sources}
         self.observer = Observer()
-        self.errors: dict[str, str] = {}  # source -> why it is not watched (periodic scans only)
+        self.errors: dict[str, str] = {}  # source -> why it is not (fully) watched
+        self.overflows = 0  # inotify queue overflows seen (each followed by a scan)
+        self._overflow_said = -1e9
+        self._limited: set[str] = set()  # sources missing watches (the limit): scanned often
+        self._spy = _OverflowSpy(self)
+        self._burst: dict[str, int] = {}  # source -> paths flushed in its current burst
+        self._check_at: float | None = 0.0  # when to compare folders and watches next
         self.last_event: dict[str, float] = {}
         self._due: dict[tuple[str, str], float] = {}  # (source, rel) -> time it settles
         self._seen: dict[tuple[str, str], float] = {}  # (source, rel) -> first event (wall time)
@@ -62,9 +171,11 @@ class Watcher:
         self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
 
     def start(self) -> None:
+        logging.getLogger(OVERFLOW_LOGGER).addHandler(self._spy)
         for s in self.sources:
             try:
-                self.observer.schedule(_Handler(self, s), str(s.root), recursive=True)
+                self.observer.schedule(_Handler(self, s), str(s.root), recursive=True,
+                                       event_filter=WANTED_EVENTS)
             except OSError as e:
                 self._unwatched(s, e)
         try:
@@ -75,14 +186,17 @@ class Watcher:
         self._thread.start()
 
     def _unwatched(self, s: Source, e: OSError) -> None:
+        scans = f"the source is scanned every {self.unwatched_scan_interval:g} s instead"
         if e.errno == errno.ENOSPC:
-            why = f"inotify watch limit reached: {INOTIFY_HINT}; falling back to periodic scans"
+            why = (f"inotify watch limit reached (fs.inotify.max_user_watches = "
+                   f"{_watch_limit()}): {INOTIFY_HINT}; {scans}")
         else:
-            why = f"cannot watch {s.root}: {e}; falling back to periodic scans"
+            why = f"cannot watch {s.root}: {e}; {scans}"
         self.errors[s.name] = why
         log.warning("source %s: %s", s.name, why)
 
     def stop(self) -> None:
+        logging.getLogger(OVERFLOW_LOGGER).removeHandler(self._spy)
         self._stop.set()
         try:
             self.observer.stop()
@@ -113,6 +227,7 @@ class Watcher:
             old, new = self._rel(s, event.src_path), self._rel(s, event.dest_path)
             if event.is_directory:
                 self._dir_moved(s, old, new, now)
+                self._check_soon(now)
                 return
             old_ok = old is not None and rules.wanted(old)
             new_ok = new is not None and rules.wanted(new)
@@ -132,6 +247,7 @@ class Watcher:
                 self.indexer.request_scan(s.name)  # whatever was under it is gone
             elif event.event_type == "created":
                 self._walk(s, rel, now)  # files may have arrived before the watch did
+                self._check_soon(now)
             return
         if rules.wanted(rel):
             with self._lock:
@@ -170,6 +286,63 @@ class Watcher:
                     if rules.wanted(rel):
                         self._due[(s.name, rel)] = now + self.quiet
 
+    def _check_soon(self, now: float) -> None:
+        """New folders: once things settle, see that each got its watch."""
+        with self._lock:
+            if self._check_at is None or self._check_at > now + 1.0:
+                self._check_at = now + 1.0
+
+    def overflowed(self) -> None:
+        """The kernel dropped inotify events (any source may have lost some): scan them all."""
+        self.overflows += 1
+        now = time.monotonic()
+        if now >= self._overflow_said + 10:  # one line per 10 s at most, with the count
+            self._overflow_said = now
+            log.warning("inotify queue overflowed (fs.inotify.max_queued_events; %d time(s) "
+                        "so far): events were lost; reconciling every source with a scan",
+                        self.overflows)
+        events = getattr(self.indexer, "events", None)
+        if events is not None:
+            events.publish("error", source=None,
+                           message="inotify queue overflowed; reconciling with a scan")
+        self.indexer.request_scan()
+
+    def check_watches(self) -> None:
+        """Compare each source's folders with the watches held: watchdog skips a folder it
+        cannot watch without a word. A folder without a watch is tried with a watch of our own:
+        if that fails too (the watch limit, a permission), the source is reported and scanned
+        often; if it works, the folder was only new (its watch is on the way): look again soon."""
+        watched = inotify_watched()
+        if watched is None:
+            return
+        for s in self.sources:
+            if s.name in self.errors and s.name not in self._limited:
+                continue  # not watched at all; already said why
+            folders = _folders(s.root)
+            missing = sorted(p for i, p in folders.items() if i not in watched)
+            failures = [(p, err) for p in missing if (err := _try_watch(p)) is not None]
+            if len(failures) < len(missing):
+                with self._lock:  # some were new: look again in a while
+                    self._check_at = time.monotonic() + 2.0
+            if failures:
+                path, err = failures[0]
+                if err == errno.ENOSPC:
+                    cause = (f"inotify watch limit reached (fs.inotify.max_user_watches = "
+                             f"{_watch_limit()}): {INOTIFY_HINT}")
+                else:
+                    cause = f"cannot watch {path}: {os.strerror(err)}"
+                why = (f"{cause}; {len(failures)} of {len(folders)} folders are not watched, "
+                       f"e.g. {path}; meanwhile the source is scanned every "
+                       f"{self.unwatched_scan_interval:g} s")
+                if s.name not in self._limited:
+                    log.warning("source %s: %s", s.name, why)
+                self.errors[s.name] = why
+                self._limited.add(s.name)
+            elif s.name in self._limited and not missing:
+                self._limited.discard(s.name)
+                self.errors.pop(s.name, None)
+                log.info("source %s: every folder is watched again", s.name)
+
     def _overflow(self, s: Source) -> None:
         log.warning("source %s: more than %d changed paths waiting; reconciling with a scan",
                     s.name, MAX_PENDING)
@@ -181,6 +354,7 @@ class Watcher:
 
     def _run(self) -> None:
         next_scan = time.monotonic() + self.scan_interval
+        next_unwatched = time.monotonic() + self.unwatched_scan_interval
         while not self._stop.wait(min(0.05, self.quiet / 2)):
             now = time.monotonic()
             with self._lock:
@@ -190,6 +364,9 @@ class Watcher:
                 for k in ready:
                     del self._due[k]
                 self._inflight = len(moves) + len(ready)
+                check = self._check_at is not None and self._check_at <= now
+                if check:
+                    self._check_at = None  # the next new folder sets a time again
             for _, name, old, new in moves:
                 self.indexer.request_move(name, old, new)
             for key in ready:
@@ -198,9 +375,34 @@ class Watcher:
                 self.indexer.request_path(*key, since=since)
             with self._lock:
                 self._inflight = 0
+            self._after_bursts(moves, ready)
+            if check:
+                self.check_watches()
             if now >= next_scan:
                 self.indexer.request_scan()
                 next_scan = now + self.scan_interval
+                self.check_watches()
+            if now >= next_unwatched:
+                for name in sorted(self.errors):  # not (fully) watched
+                    self.indexer.request_scan(name)
+                next_unwatched = now + self.unwatched_scan_interval
+
+    def _after_bursts(self, moves: list, ready: list) -> None:
+        """Count each source's burst of changes; when a big one has settled (nothing of that
+        source waits any more), reconcile the source with a scan: in a storm, files can land in
+        a new folder between its creation and its watch, and a scan is cheap next to a loss."""
+        for _, name, _, _ in moves:
+            self._burst[name] = self._burst.get(name, 0) + 1
+        for name, _ in ready:
+            self._burst[name] = self._burst.get(name, 0) + 1
+        if not self._burst:
+            return
+        with self._lock:
+            busy = {k[0] for k in self._due} | {m[1] for m in self._moves}
+        for name in [n for n in self._burst if n not in busy]:
+            if self._burst.pop(name) >= STORM_PATHS:
+                log.info("source %s: a burst of changes settled; reconciling with a scan", name)
+                self.indexer.request_scan(name)
 
     def oldest_pending(self) -> dict[str, float]:
         out: dict[str, float] = {}
