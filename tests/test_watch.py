@@ -117,6 +117,48 @@ def test_save_burst_is_one_update_and_one_paragraph_embeds_its_chunks(make_daemo
         assert st["engines"]["embedding"]["embedded_texts"] == before + changed
 
 
+def test_an_edit_commits_its_chunks_and_their_vectors_together(make_daemon, tmp_path):
+    import sqlite3
+    import threading
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    note = root / "How To" / "Set up custom statuses.md"
+    rel = "How To/Set up custom statuses.md"
+    with d:
+        wait_embedded(d)
+        stop, seen, bare = threading.Event(), [], []
+
+        def watch_db():  # every read is one snapshot: never a chunk of the note without vector
+            db = sqlite3.connect(f"file:{tmp_path / 'data' / 'index.sqlite3'}?mode=ro", uri=True)
+            while not stop.is_set():
+                n, missing = db.execute(
+                    "SELECT COUNT(*), SUM(NOT EXISTS (SELECT 1 FROM embeddings e WHERE "
+                    "e.text_hash = c.embed_hash)) FROM chunks c JOIN files f ON f.id = c.file_id "
+                    "WHERE f.relpath = ?", (rel,)).fetchone()
+                seen.append(n)
+                if missing:
+                    bare.append(missing)
+            db.close()
+
+        t = threading.Thread(target=watch_db)
+        t.start()
+        try:
+            for i in range(5):
+                with open(note, "a") as f:
+                    f.write(f"\nA paragraph about the okapi{i} herd, new in this edit.\n")
+                hits = find(d, f"okapi{i}")
+                assert hits and hits[0]["path"] == str(note)
+                # and at once, by meaning alone: its vector came with it
+                hits = d.call("search", query=f"okapi{i} herd paragraph", k=3,
+                              mode="vector")["results"]
+                assert any(h["path"] == str(note) for h in hits)
+        finally:
+            stop.set()
+            t.join()
+        assert len(seen) > 100 and not bare, f"chunks without a vector seen {len(bare)} times"
+
+
 def test_gc_deletes_only_unused_entries_after_the_grace_period(make_daemon, tmp_path):
     import json
     import sqlite3

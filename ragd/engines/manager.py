@@ -99,6 +99,15 @@ class Engines:
     def wants_changes(self) -> bool:
         return "embedding" in self.configured
 
+    def embed_now(self, db, chunks: list):
+        """Vectors for an edit's new texts before its commit (see Embedder.embed_now)."""
+        emb = self.embedder
+        return emb.embed_now(db, chunks) if emb is not None else None
+
+    def put_vectors(self, db, space: int, rows: list) -> None:
+        if self.embedder is not None:
+            self.embedder.put_vectors(db, space, rows)
+
     def chunks_changed(self, db, removed, added) -> None:
         if self.embedder is not None:
             self.embedder.chunks_changed(db, removed, added)

@@ -1,9 +1,13 @@
 """The embedder: gives every chunk a vector in the current model's space.
 
-It runs beside the indexer. The indexer makes text searchable at once (BM25) and leaves new chunk
-texts without vectors; the embedder finds them, embeds them through the engine, stores the
+Two ways in. An edit (a few files, the embedder caught up, the engine ready): the indexer asks
+``embed_now`` for the file's new texts before it opens the file's transaction, and the vectors
+commit with the chunks, FTS rows and file row. Bulk work (the first index, a storm, the engine
+down or busy): the indexer makes text searchable at once (BM25) and leaves new chunk texts
+without vectors; the embedder thread finds them, embeds them through the engine, stores the
 vectors in the content-addressed cache (``embeddings``: space + text hash) and adds them to the
-in-memory matrix. A text already in the cache is never embedded again, wherever it appears.
+in-memory matrix. Either way a text already in the cache is never embedded again, wherever it
+appears.
 
 Vector spaces. A space is one model as configured: its fingerprint (file hash + pooling +
 prefixes) plus a probe vector (a fixed sentence embedded when the space was made). At start the
@@ -41,6 +45,7 @@ PROBE_TEXT = "ragd probe: a quiet harbour at dawn, gulls circling over the fishi
 PROBE_MATCH = 0.999  # cosine between probe vectors for two runs to count as the same space
 MAX_ATTEMPTS = 3
 WORK_BATCH = 64  # distinct texts fetched per round
+LIVE_TEXTS = 32  # at most this many new texts are embedded before an edit's commit
 SPECIAL_TOKENS = 4  # room left for [CLS]/[SEP] or BOS/EOS when truncating
 
 
@@ -163,6 +168,53 @@ class Embedder:
                 if ids:
                     vi.add(ids, np.vstack(vecs))
         self.notify()
+
+    # -- called by the indexer before a file's transaction ------------------------------------------
+
+    def embed_now(self, db: sqlite3.Connection, chunks: list) -> tuple[int, list] | None:
+        """Embed the texts of these chunks (store.ChunkRecord) that the cache lacks, for the
+        caller to commit with the chunks: (space, rows for put_vectors). None when that is not
+        for now (no space yet, engine not ready, a backlog, too many texts, an engine error):
+        the embedder thread will do it after the commit, as for bulk work."""
+        space = self.space
+        if space is None or not self._idle.is_set() or not self.engine.ready:
+            return None
+        todo: dict[str, str] = {}
+        for c in chunks:
+            todo.setdefault(c.embed_hash, self.model.doc_prefix + embed_text(c.heading, c.text))
+        hashes = list(todo)
+        for i in range(0, len(hashes), 500):
+            part = hashes[i:i + 500]
+            for (h,) in db.execute(f"SELECT text_hash FROM embeddings WHERE space = ? AND "
+                                   f"text_hash IN ({','.join('?' * len(part))})", [space, *part]):
+                del todo[h]
+        if len(todo) > LIVE_TEXTS:
+            return None
+        if not todo:
+            return space, []
+        try:
+            fitted = [(h, *self._fit(t)) for h, t in todo.items()]
+            rows = []
+            for start in range(0, len(fitted), 16):
+                part = fitted[start:start + 16]
+                t0 = time.perf_counter()
+                vecs = self.engine.client.embed([t for _, t, _, _ in part])
+                self.stats.seconds += time.perf_counter() - t0
+                self.stats.requests += 1
+                rows += [(h, v, n, tr) for (h, _, n, tr), v in zip(part, vecs)]
+        except (EngineError, EngineUnavailable) as e:
+            log.debug("embedding before commit failed (%s); left to the embedder thread", e)
+            return None
+        return space, rows
+
+    def put_vectors(self, db: sqlite3.Connection, space: int, rows: list) -> None:
+        """Store embed_now's vectors in the caller's transaction (counted as embedded)."""
+        if not rows:
+            return
+        _insert_embeddings(db, space, rows)
+        self.stats.texts += len(rows)
+        self.stats.tokens += sum(n for _, _, n, _ in rows)
+        self.stats.truncated += sum(tr for _, _, _, tr in rows)
 
     # -- the embedder thread -----------------------------------------------------------------------
 
@@ -293,16 +345,10 @@ class Embedder:
             return
         self.stats.seconds += time.perf_counter() - t0
         self.stats.requests += 1
-        now = time.time()
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.executemany(
-                "INSERT OR REPLACE INTO embeddings (space, text_hash, vector, tokens, truncated, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                [(self.space, h, to_blob(v), n, int(tr), now)
-                 for (h, _, n, tr), v in zip(batch, vecs)])
-            db.execute(f"DELETE FROM embed_failures WHERE space = ? AND text_hash IN "
-                       f"({','.join('?' * len(batch))})", [self.space, *(b[0] for b in batch)])
+            _insert_embeddings(db, self.space, [(h, v, n, tr)
+                                                for (h, _, n, tr), v in zip(batch, vecs)])
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -327,3 +373,17 @@ class Embedder:
             self.stats.failed += 1
             log.warning("giving up embedding a text (%s) after %d attempts: %s", h, attempts,
                         reason)
+
+
+def _insert_embeddings(db: sqlite3.Connection, space: int, rows: list) -> None:
+    """rows: (text hash, vector, tokens, truncated). The caller holds the transaction."""
+    now = time.time()
+    db.executemany(
+        "INSERT OR REPLACE INTO embeddings (space, text_hash, vector, tokens, truncated, "
+        "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        [(space, h, to_blob(v), n, int(tr), now) for h, v, n, tr in rows])
+    hashes = [r[0] for r in rows]
+    for i in range(0, len(hashes), 500):
+        part = hashes[i:i + 500]
+        db.execute(f"DELETE FROM embed_failures WHERE space = ? AND text_hash IN "
+                   f"({','.join('?' * len(part))})", [space, *part])

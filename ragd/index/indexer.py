@@ -8,6 +8,11 @@ de-duplicated queue, so a file named twice is indexed once.
 Commits are batched (a transaction holds up to BATCH_FILES files or BATCH_SECONDS of work)
 for speed during a bulk scan; each file's rows change inside that transaction together, so a
 crash leaves every file either as it was or fully updated.
+
+An edit (at most LIVE_FILES paths waiting, nothing else queued) goes a step further: its files
+are read and chunked, and their new texts embedded, before the transaction opens, so chunks, FTS
+rows, vectors and file row commit together. Bulk work does not wait for the engine: its chunks
+are searchable by BM25 at once and the embedder thread adds their vectors after.
 """
 
 from __future__ import annotations
@@ -28,6 +33,15 @@ log = logging.getLogger("ragd.indexer")
 
 BATCH_FILES = 500
 BATCH_SECONDS = 0.5
+LIVE_FILES = 8
+
+
+@dataclass
+class Prepared:
+    """A file read, chunked and (when the embedder could) embedded before its transaction."""
+    content: object  # loader.Content
+    records: list
+    vectors: tuple[int, list] | None  # (space, rows) for the listener's put_vectors
 
 
 @dataclass
@@ -216,9 +230,42 @@ class Indexer:
         log.info("scan %s: %d files, %d to index, %d removed (%.2fs)", name, len(on_disk),
                  len(changed), len(gone), time.monotonic() - t0)
 
+    def _prepare_live(self) -> dict[tuple[str, str], Prepared]:
+        """For an edit (a short queue of paths and nothing else), read, chunk and embed its
+        files before the transaction. Anything odd is left to the transaction's own pass."""
+        if self.listener is None or not self.listener.wants_changes:
+            return {}
+        with self._cv:
+            if self._moves or self._scans or len(self._paths) > LIVE_FILES:
+                return {}
+            queued = list(self._paths.items())
+        out: dict[tuple[str, str], Prepared] = {}
+        for (name, rel), force in queued:
+            src = self._source(name)
+            try:
+                content = loader.load(src, rel, self.cfg.max_file_bytes)
+            except Exception:
+                continue
+            row = self._db.execute("SELECT hash, status FROM files WHERE source = ? AND "
+                                   "relpath = ?", (name, rel)).fetchone()
+            if (not force and row is not None and row["hash"] == content.hash
+                    and row["status"] == "indexed"):
+                continue
+            records = self._records(content)
+            out[(name, rel)] = Prepared(content, records,
+                                        self.listener.embed_now(self._db, records))
+        return out
+
+    def _records(self, content) -> list[store.ChunkRecord]:
+        pieces = chunker.chunk_doc(content.doc, self.cfg.chunk_tokens, self.cfg.chunk_overlap)
+        return [store.ChunkRecord(i, c.heading, c.line_start, c.line_end, c.text, c.text_hash,
+                                  c.embed_hash, c.body, c.keywords)
+                for i, c in enumerate(pieces)]
+
     def _drain(self) -> None:
         """Index queued paths in batched transactions until the queue is empty or a scan waits."""
         while True:
+            prepared = self._prepare_live()
             batch_start, n = time.monotonic(), 0
             done: list[tuple[str, str]] = []
             changes = store.Changes() if self._tracking else None
@@ -234,7 +281,8 @@ class Indexer:
                     if move is not None:
                         self._move_one(self._source(move[0]), move[1], move[2], changes)
                     else:
-                        self._index_one(self._source(name), rel, force, changes)
+                        self._index_one(self._source(name), rel, force, changes,
+                                        prepared.get((name, rel)))
                         done.append((name, rel))
                     n += 1
                 self._commit(changes)
@@ -324,16 +372,20 @@ class Indexer:
             self._index_one(src, old, False, batch)  # gone: removes its row
 
     def _index_one(self, src: Source, rel: str, force: bool,
-                   batch: store.Changes | None) -> None:
+                   batch: store.Changes | None, prepared: Prepared | None = None) -> None:
         path = src.root / rel
         db = self._db
+        if prepared is not None and _stat(path) != (prepared.content.size,
+                                                    prepared.content.mtime_ns):
+            prepared = None  # changed again since it was read: read it again
         changes = store.Changes() if batch is not None else None
         row = db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
                          (src.name, rel)).fetchone()
         db.execute("SAVEPOINT file")
         try:
             try:
-                content = loader.load(src, rel, self.cfg.max_file_bytes)
+                content = (prepared.content if prepared is not None
+                           else loader.load(src, rel, self.cfg.max_file_bytes))
             except (sources.Unreadable, documents.NeedsTool) as e:
                 if str(e) == "file vanished":
                     if row is not None:
@@ -358,10 +410,11 @@ class Indexer:
                 db.execute("RELEASE file")
                 return
             doc = content.doc
-            pieces = chunker.chunk_doc(doc, self.cfg.chunk_tokens, self.cfg.chunk_overlap)
-            records = [store.ChunkRecord(i, c.heading, c.line_start, c.line_end, c.text,
-                                         c.text_hash, c.embed_hash, c.body, c.keywords)
-                       for i, c in enumerate(pieces)]
+            records = prepared.records if prepared is not None else self._records(content)
+            embedded = None
+            if prepared is not None and prepared.vectors is not None:
+                self.listener.put_vectors(db, *prepared.vectors)  # in this transaction
+                embedded = len(prepared.vectors[1])
             store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
                            "indexed", "; ".join(doc.warnings) or None, records, changes,
                            meta=json.dumps(doc.meta(), ensure_ascii=False))
@@ -370,7 +423,10 @@ class Indexer:
                 batch.extend(changes)
             self.stats.files_indexed += 1
             self.stats.chunks_written += len(records)
-            self._emit("indexed", src.name, rel, chunks=len(records))
+            if embedded is None:
+                self._emit("indexed", src.name, rel, chunks=len(records))
+            else:  # its vectors committed with it
+                self._emit("indexed", src.name, rel, chunks=len(records), embedded=embedded)
         except Exception as e:
             # A bug or an unexpected error on one file: record it, keep the daemon going.
             db.execute("ROLLBACK TO file")
