@@ -261,3 +261,33 @@ def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_
         ix.stop()
         emb.stop()
         engine.stop()
+
+
+def test_a_chunk_is_embedded_as_its_readable_body_under_its_header(make_daemon, tmp_path):
+    """The vector is of what embed_hash names: header + body (Obsidian syntax made readable),
+    not of the raw markup. Checked against the engine itself."""
+    import numpy as np
+
+    from ragd.engines.client import EngineClient
+    from ragd.index.vectors import from_blob
+    from ragd.ingest.chunker import embed_text
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "Harbour.md").write_text(
+        "# Tides\n\nThe [[Fishing Boats|boats]] leave at ==dawn== when the %%secret%% tide "
+        "turns; see [[Lighthouse#Lamp]] and #harbour/night for the ![[chart.png]] notes.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+        heading, text, body, blob = db.execute(
+            "SELECT c.heading, c.text, c.body, e.vector FROM chunks c JOIN embeddings e ON "
+            "e.text_hash = c.embed_hash").fetchone()
+        assert body != text and "[[" in text and "[[" not in body
+        client = EngineClient(str(tmp_path / "run" / "embedding.sock"))
+        want, raw = client.embed([embed_text(heading, body), embed_text(heading, text)])
+        stored = from_blob(blob)
+        assert float(np.dot(stored, want)) > 0.999
+        assert float(np.dot(stored, raw)) < 0.99

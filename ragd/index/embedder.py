@@ -46,6 +46,10 @@ PROBE_MATCH = 0.999  # cosine between probe vectors for two runs to count as the
 MAX_ATTEMPTS = 3
 WORK_BATCH = 64  # distinct texts fetched per round
 LIVE_TEXTS = 32  # at most this many new texts are embedded before an edit's commit
+# What a chunk's vector is made of (chunker.embed_text: header + body). A change to it makes a
+# new vector space, so old and new vectors are never mixed. v2: the body (Obsidian syntax made
+# readable), as embed_hash always said; v1 embedded the raw text.
+EMBED_TEXT_VERSION = 2
 SPECIAL_TOKENS = 4  # room left for [CLS]/[SEP] or BOS/EOS when truncating
 
 
@@ -69,7 +73,8 @@ def fingerprint(db: sqlite3.Connection, model: ResolvedModel) -> str:
         db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, digest))
     else:
         digest = row[0]
-    parts = f"{digest}|{model.pooling}|{model.query_prefix}|{model.doc_prefix}"
+    parts = (f"{digest}|{model.pooling}|{model.query_prefix}|{model.doc_prefix}|"
+             f"text v{EMBED_TEXT_VERSION}")
     return hashlib.blake2b(parts.encode(), digest_size=12).hexdigest()
 
 
@@ -181,7 +186,7 @@ class Embedder:
             return None
         todo: dict[str, str] = {}
         for c in chunks:
-            todo.setdefault(c.embed_hash, self.model.doc_prefix + embed_text(c.heading, c.text))
+            todo.setdefault(c.embed_hash, self.model.doc_prefix + embed_text(c.heading, c.body))
         hashes = list(todo)
         for i in range(0, len(hashes), 500):
             part = hashes[i:i + 500]
@@ -297,7 +302,7 @@ class Embedder:
     def _next_work(self, db: sqlite3.Connection) -> list[tuple[str, str]]:
         now = time.time()
         rows = db.execute(
-            "SELECT c.embed_hash, c.heading, c.text FROM chunks c WHERE NOT EXISTS (SELECT 1 "
+            "SELECT c.embed_hash, c.heading, c.body FROM chunks c WHERE NOT EXISTS (SELECT 1 "
             "FROM embeddings e WHERE e.space = ? AND e.text_hash = c.embed_hash) AND NOT EXISTS "
             "(SELECT 1 FROM embed_failures f WHERE f.space = ? AND f.text_hash = c.embed_hash "
             "AND (f.attempts >= ? OR f.last_try > ? - (1 << f.attempts))) "
