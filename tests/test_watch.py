@@ -375,6 +375,13 @@ def test_the_inotify_watch_limit_is_reported_and_scans_take_over(make_daemon, tm
         (root / "new" / "deeper" / "late.md").write_text("# Late\n\nA quokkaphrase arrives.\n")
         hits = find(d, "quokkaphrase", timeout=20)  # found by the frequent scans
         assert hits and hits[0]["path"].endswith("new/deeper/late.md")
+    # the limit is raised again: the source is watched afresh, without a restart
+    deadline = time.monotonic() + 20
+    while not (src := d.call("status")["sources"][0])["watched"] and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert src["watched"] and src["watch_error"] is None
+    assert "watching it afresh" in d.log.read_text()
 
 
 def _watches_in_use() -> int:

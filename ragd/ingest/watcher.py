@@ -18,7 +18,8 @@ Three ways inotify loses events, and what is done about each:
 * the watch limit (``fs.inotify.max_user_watches``) is reached: watchdog skips the folders it
   cannot watch without a word, so the watcher compares the folders of each source with the
   watches its process holds (``/proc/self/fdinfo``); a source not fully watched is reported with
-  the sysctl to raise and is scanned every ``watch.unwatched_scan_interval`` seconds instead.
+  the sysctl to raise and is scanned every ``watch.unwatched_scan_interval`` seconds instead;
+  once its folders can be watched again (the limit was raised), it is watched afresh.
 """
 
 from __future__ import annotations
@@ -158,6 +159,8 @@ class Watcher:
         self.overflows = 0  # inotify queue overflows seen (each followed by a scan)
         self._overflow_said = -1e9
         self._limited: set[str] = set()  # sources missing watches (the limit): scanned often
+        self._watches: dict = {}  # source -> watchdog's ObservedWatch
+        self._strays: dict[str, int] = {}  # source -> checks that found watchable folders unwatched
         self._spy = _OverflowSpy(self)
         self._burst: dict[str, int] = {}  # source -> paths flushed in its current burst
         self._check_at: float | None = 0.0  # when to compare folders and watches next
@@ -174,8 +177,7 @@ class Watcher:
         logging.getLogger(OVERFLOW_LOGGER).addHandler(self._spy)
         for s in self.sources:
             try:
-                self.observer.schedule(_Handler(self, s), str(s.root), recursive=True,
-                                       event_filter=WANTED_EVENTS)
+                self._schedule(s)
             except OSError as e:
                 self._unwatched(s, e)
         try:
@@ -184,6 +186,29 @@ class Watcher:
             for s in self.sources:
                 self._unwatched(s, e)
         self._thread.start()
+
+    def _schedule(self, s: Source) -> None:
+        self._watches[s.name] = self.observer.schedule(
+            _Handler(self, s), str(s.root), recursive=True, event_filter=WANTED_EVENTS)
+
+    def _rewatch(self, s: Source) -> None:
+        """Watch a source afresh (watchdog does not retry a folder it once failed to watch):
+        after the watch limit was raised. What happened meanwhile is caught by a scan."""
+        old = self._watches.pop(s.name, None)
+        try:
+            if old is not None:
+                self.observer.unschedule(old)
+            self._schedule(s)
+        except (OSError, KeyError) as e:
+            log.warning("source %s: watching again failed: %s", s.name, e)
+            return
+        self._limited.discard(s.name)
+        self.errors.pop(s.name, None)
+        self._strays.pop(s.name, None)
+        log.info("source %s: its folders can be watched now; watching it afresh", s.name)
+        self.indexer.request_scan(s.name)
+        with self._lock:
+            self._check_at = time.monotonic() + 2.0
 
     def _unwatched(self, s: Source, e: OSError) -> None:
         scans = f"the source is scanned every {self.unwatched_scan_interval:g} s instead"
@@ -311,7 +336,9 @@ class Watcher:
         """Compare each source's folders with the watches held: watchdog skips a folder it
         cannot watch without a word. A folder without a watch is tried with a watch of our own:
         if that fails too (the watch limit, a permission), the source is reported and scanned
-        often; if it works, the folder was only new (its watch is on the way): look again soon."""
+        often. If it works, the folder may just be new (its watch on the way): look again soon;
+        still unwatched then, or a reported source whose folders can now be watched (the limit
+        was raised): watch the source afresh."""
         watched = inotify_watched()
         if watched is None:
             return
@@ -320,28 +347,35 @@ class Watcher:
                 continue  # not watched at all; already said why
             folders = _folders(s.root)
             missing = sorted(p for i, p in folders.items() if i not in watched)
+            if not missing:
+                self._strays.pop(s.name, None)
+                if s.name in self._limited:
+                    self._limited.discard(s.name)
+                    self.errors.pop(s.name, None)
+                    log.info("source %s: every folder is watched again", s.name)
+                continue
             failures = [(p, err) for p in missing if (err := _try_watch(p)) is not None]
-            if len(failures) < len(missing):
-                with self._lock:  # some were new: look again in a while
-                    self._check_at = time.monotonic() + 2.0
-            if failures:
-                path, err = failures[0]
-                if err == errno.ENOSPC:
-                    cause = (f"inotify watch limit reached (fs.inotify.max_user_watches = "
-                             f"{_watch_limit()}): {INOTIFY_HINT}")
+            if not failures:
+                if s.name in self._limited or self._strays.get(s.name, 0) >= 1:
+                    self._rewatch(s)
                 else:
-                    cause = f"cannot watch {path}: {os.strerror(err)}"
-                why = (f"{cause}; {len(failures)} of {len(folders)} folders are not watched, "
-                       f"e.g. {path}; meanwhile the source is scanned every "
-                       f"{self.unwatched_scan_interval:g} s")
-                if s.name not in self._limited:
-                    log.warning("source %s: %s", s.name, why)
-                self.errors[s.name] = why
-                self._limited.add(s.name)
-            elif s.name in self._limited and not missing:
-                self._limited.discard(s.name)
-                self.errors.pop(s.name, None)
-                log.info("source %s: every folder is watched again", s.name)
+                    self._strays[s.name] = 1
+                    with self._lock:
+                        self._check_at = time.monotonic() + 2.0
+                continue
+            path, err = failures[0]
+            if err == errno.ENOSPC:
+                cause = (f"inotify watch limit reached (fs.inotify.max_user_watches = "
+                         f"{_watch_limit()}): {INOTIFY_HINT}")
+            else:
+                cause = f"cannot watch {path}: {os.strerror(err)}"
+            why = (f"{cause}; {len(failures)} of {len(folders)} folders are not watched, "
+                   f"e.g. {path}; meanwhile the source is scanned every "
+                   f"{self.unwatched_scan_interval:g} s")
+            if s.name not in self._limited:
+                log.warning("source %s: %s", s.name, why)
+            self.errors[s.name] = why
+            self._limited.add(s.name)
 
     def _overflow(self, s: Source) -> None:
         log.warning("source %s: more than %d changed paths waiting; reconciling with a scan",
@@ -385,6 +419,8 @@ class Watcher:
             if now >= next_unwatched:
                 for name in sorted(self.errors):  # not (fully) watched
                     self.indexer.request_scan(name)
+                if self._limited:
+                    self.check_watches()  # has the limit been raised?
                 next_unwatched = now + self.unwatched_scan_interval
 
     def _after_bursts(self, moves: list, ready: list) -> None:
