@@ -73,7 +73,10 @@ def main() -> None:
                     with open(note, "a", encoding="utf-8") as f:
                         f.write(f"\nAn edit mentions {word}.\n")
                     t = time.perf_counter()
-                    while not c.call("search", query=word, k=1, mode=mode)["results"]:
+                    # found = the edited note is among the results (in hybrid mode the
+                    # vector side answers any query, so "some result" would prove nothing)
+                    while not any(r["path"] == str(note) and word in r["text"] for r in
+                                  c.call("search", query=word, k=5, mode=mode)["results"]):
                         if time.perf_counter() - t > 30:
                             raise SystemExit(f"edit {i} not searchable after 30 s")
                         time.sleep(0.01)

@@ -297,12 +297,17 @@ def storm(root, n: int, start: int = 0) -> None:
         (sub / f"n{i}.md").write_text(f"# Note {i}\n\nStorm word tok{i}x here.\n")
 
 
-def test_a_1000_file_storm_converges_with_nothing_lost(make_daemon, tmp_path):
+def seeded(make_daemon, tmp_path):
+    """A folder with one note, and a BM25-only daemon over it (not started)."""
     root = tmp_path / "notes"
     root.mkdir()
     (root / "seed.md").write_text("# Seed\n\nA first note.\n")
-    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
-                    extra='[embedding]\nmodel = ""\n')
+    return root, make_daemon(sources=[{"name": "n", "path": str(root)}],
+                             extra='[embedding]\nmodel = ""\n')
+
+
+def test_a_1000_file_storm_converges_with_nothing_lost(make_daemon, tmp_path):
+    root, d = seeded(make_daemon, tmp_path)
     with d:
         d.wait_idle()
         storm(root, 1000)
@@ -338,11 +343,7 @@ def sysctl(name: str, value: int):
 
 
 def test_inotify_queue_overflow_is_heard_and_reconciled(make_daemon, tmp_path):
-    root = tmp_path / "notes"
-    root.mkdir()
-    (root / "seed.md").write_text("# Seed\n\nA first note.\n")
-    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
-                    extra='[embedding]\nmodel = ""\n')
+    root, d = seeded(make_daemon, tmp_path)
     with sysctl("fs.inotify.max_queued_events", 16):  # read when the inotify instance is made
         d.start()
         d.wait_idle()
