@@ -333,6 +333,12 @@ class Watcher:
         self.indexer.request_scan()
 
     def check_watches(self) -> None:
+        try:
+            self._check_watches()
+        except Exception:  # a check must never stop the flusher
+            log.exception("checking the watches")
+
+    def _check_watches(self) -> None:
         """Compare each source's folders with the watches held: watchdog skips a folder it
         cannot watch without a word. A folder without a watch is tried with a watch of our own:
         if that fails too (the watch limit, a permission), the source is reported and scanned
