@@ -139,7 +139,7 @@ class Engines:
             vi = emb.vectors
             s = emb.stats
             out["embedding"].update({
-                "embedder": emb.state, "space": emb.space, "space_note": emb.space_note,
+                "embedder": emb.status, "space": emb.space, "space_note": emb.space_note,
                 "vectors": len(vi) if vi is not None else 0,
                 "pending_texts": emb.pending(db),
                 "embedded_texts": s.texts, "embedded_tokens": s.tokens,

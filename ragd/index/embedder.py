@@ -97,6 +97,7 @@ class Embedder:
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._pending: tuple[float, int] | None = None
+        self._changed = 0.0  # monotonic time of the last notify
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="embedder-tokenize")
         self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
 
@@ -112,8 +113,16 @@ class Embedder:
         self._prefetch.shutdown(wait=False, cancel_futures=True)
 
     def notify(self) -> None:
+        self._changed = time.monotonic()
         self._idle.clear()
         self._wake.set()
+
+    @property
+    def status(self) -> str:
+        """The thread's state; "idle" only while it has nothing to do (between a notify and the
+        thread's next look at the queue it is "embedding")."""
+        state = self.state
+        return "embedding" if state == "idle" and not self._idle.is_set() else state
 
     def wait_idle(self, timeout: float) -> bool:
         return self._idle.wait(timeout)
@@ -129,7 +138,8 @@ class Embedder:
         if self._idle.is_set():
             return 0
         cached = self._pending
-        if cached is not None and time.monotonic() - cached[0] < max_age:
+        if (cached is not None and time.monotonic() - cached[0] < max_age
+                and cached[0] > self._changed):  # not older than the last change
             return cached[1]
         n = self._count_pending(db)
         self._pending = (time.monotonic(), n)
@@ -154,6 +164,7 @@ class Embedder:
         if vi is None:
             return
         vi.remove(removed)
+        missing = False
         if added:
             by_hash: dict[str, list[int]] = {}
             for cid, h in added:
@@ -172,7 +183,9 @@ class Embedder:
                         vecs.append(v)
                 if ids:
                     vi.add(ids, np.vstack(vecs))
-        self.notify()
+                missing = missing or len(rows) < len(part)
+        if missing:  # texts without a vector: work for the thread (else it stays idle, and the
+            self.notify()  # next edit can be embedded before its commit)
 
     # -- called by the indexer before a file's transaction ------------------------------------------
 
