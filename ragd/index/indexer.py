@@ -39,8 +39,8 @@ LIVE_FILES = 8
 @dataclass
 class Prepared:
     """A file read, chunked and (when the embedder could) embedded before its transaction."""
-    content: object  # loader.Content
-    records: list
+    content: loader.Loaded
+    records: list[store.ChunkRecord] | None  # None: unchanged, nothing to chunk
     vectors: tuple[int, list] | None  # (space, rows) for the listener's put_vectors
 
 
@@ -248,8 +248,8 @@ class Indexer:
                 continue
             row = self._db.execute("SELECT hash, status FROM files WHERE source = ? AND "
                                    "relpath = ?", (name, rel)).fetchone()
-            if (not force and row is not None and row["hash"] == content.hash
-                    and row["status"] == "indexed"):
+            if _unchanged(row, content, force):  # read once: the transaction just notes it
+                out[(name, rel)] = Prepared(content, None, None)
                 continue
             records = self._records(content)
             out[(name, rel)] = Prepared(content, records,
@@ -403,14 +403,14 @@ class Indexer:
                 if batch is not None:
                     batch.extend(changes)
                 return
-            if (not force and row is not None and row["hash"] == content.hash
-                    and row["status"] == "indexed"):
+            if _unchanged(row, content, force):
                 store.touch_file(db, row["id"], content.size, content.mtime_ns)
                 self.stats.files_unchanged += 1
                 db.execute("RELEASE file")
                 return
             doc = content.doc
-            records = prepared.records if prepared is not None else self._records(content)
+            records = (prepared.records if prepared is not None and prepared.records is not None
+                       else self._records(content))
             embedded = None
             if prepared is not None and prepared.vectors is not None:
                 self.listener.put_vectors(db, *prepared.vectors)  # in this transaction
@@ -441,6 +441,12 @@ class Indexer:
             self.stats.files_failed += 1
             self.stats.per_source[src.name].last_error = f"{rel}: {type(e).__name__}: {e}"
             self._emit("failed", src.name, rel, reason=f"{type(e).__name__}: {e}")
+
+
+def _unchanged(row, content: loader.Loaded, force: bool) -> bool:
+    """Is the file's content what the index already holds (so there is nothing to re-chunk)?"""
+    return (not force and row is not None and row["hash"] == content.hash
+            and row["status"] == "indexed")
 
 
 def _same_chunks(old: list, new: list) -> bool:
