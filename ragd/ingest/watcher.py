@@ -160,7 +160,7 @@ class Watcher:
         self._overflow_said = -1e9
         self._limited: set[str] = set()  # sources missing watches (the limit): scanned often
         self._watches: dict = {}  # source -> watchdog's ObservedWatch
-        self._strays: dict[str, int] = {}  # source -> checks that found watchable folders unwatched
+        self._strays: set[str] = set()  # sources last found with watchable folders unwatched
         self._spy = _OverflowSpy(self)
         self._burst: dict[str, int] = {}  # source -> paths flushed in its current burst
         self._check_at: float | None = 0.0  # when to compare folders and watches next
@@ -204,7 +204,7 @@ class Watcher:
             return
         self._limited.discard(s.name)
         self.errors.pop(s.name, None)
-        self._strays.pop(s.name, None)
+        self._strays.discard(s.name)
         log.info("source %s: its folders can be watched now; watching it afresh", s.name)
         self.indexer.request_scan(s.name)
         with self._lock:
@@ -354,7 +354,7 @@ class Watcher:
             folders = _folders(s.root)
             missing = sorted(p for i, p in folders.items() if i not in watched)
             if not missing:
-                self._strays.pop(s.name, None)
+                self._strays.discard(s.name)
                 if s.name in self._limited:
                     self._limited.discard(s.name)
                     self.errors.pop(s.name, None)
@@ -362,10 +362,10 @@ class Watcher:
                 continue
             failures = [(p, err) for p in missing if (err := _try_watch(p)) is not None]
             if not failures:
-                if s.name in self._limited or self._strays.get(s.name, 0) >= 1:
+                if s.name in self._limited or s.name in self._strays:
                     self._rewatch(s)
                 else:
-                    self._strays[s.name] = 1
+                    self._strays.add(s.name)
                     with self._lock:
                         self._check_at = time.monotonic() + 2.0
                 continue
