@@ -354,7 +354,9 @@ def test_inotify_queue_overflow_is_heard_and_reconciled(make_daemon, tmp_path):
     assert "inotify queue overflowed" in d.log.read_text()
 
 
-def test_the_inotify_watch_limit_is_reported_and_scans_take_over(make_daemon, tmp_path):
+@pytest.mark.parametrize("headroom", [10, 0], ids=["some-folders", "no-folder"])
+def test_the_inotify_watch_limit_is_reported_and_scans_take_over(make_daemon, tmp_path,
+                                                                 headroom):
     root = tmp_path / "notes"
     for i in range(40):
         (root / f"f{i}" / "deep").mkdir(parents=True)
@@ -362,7 +364,8 @@ def test_the_inotify_watch_limit_is_reported_and_scans_take_over(make_daemon, tm
     d = make_daemon(sources=[{"name": "n", "path": str(root)}],
                     extra='[embedding]\nmodel = ""\n[watch]\nunwatched_scan_interval = 1.0\n')
     # the limit stays low throughout, so the new folder below cannot be watched either
-    with sysctl("fs.inotify.max_user_watches", _watches_in_use() + 10):
+    # headroom 10: some folders get a watch; 0: not even the source's own folder
+    with sysctl("fs.inotify.max_user_watches", _watches_in_use() + headroom):
         d.start()
         deadline = time.monotonic() + 15
         while (src := d.call("status")["sources"][0])["watched"] and \

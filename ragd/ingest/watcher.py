@@ -175,15 +175,11 @@ class Watcher:
 
     def start(self) -> None:
         logging.getLogger(OVERFLOW_LOGGER).addHandler(self._spy)
-        for s in self.sources:
+        self.observer.start()  # before any watch, so that a source that cannot be watched
+        for s in self.sources:  # fails alone, at its own schedule()
             try:
                 self._schedule(s)
             except OSError as e:
-                self._unwatched(s, e)
-        try:
-            self.observer.start()
-        except OSError as e:
-            for s in self.sources:
                 self._unwatched(s, e)
         self._thread.start()
 
@@ -215,6 +211,7 @@ class Watcher:
         if e.errno == errno.ENOSPC:
             why = (f"inotify watch limit reached (fs.inotify.max_user_watches = "
                    f"{_watch_limit()}): {INOTIFY_HINT}; {scans}")
+            self._limited.add(s.name)  # checked again at its scans, watched once it can be
         else:
             why = f"cannot watch {s.root}: {e}; {scans}"
         self.errors[s.name] = why
