@@ -10,11 +10,17 @@ Never edit a migration that has shipped; add a new one.
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
+
+log = logging.getLogger("ragd.store")
 
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
 migration = MIGRATIONS.append
@@ -187,7 +193,134 @@ def m004_cache_gc(db: sqlite3.Connection) -> None:
     """)
 
 
+@migration
+def m005_file_chunk_counts(db: sqlite3.Connection) -> None:
+    """Per-file chunk counts and per-source totals kept by triggers, so that status and file
+    listings cost O(1) in the number of chunks (they counted every chunk on each call)."""
+    run_script(db, """
+        ALTER TABLE files ADD COLUMN chunks INTEGER NOT NULL DEFAULT 0;
+        UPDATE files SET chunks = (SELECT COUNT(*) FROM chunks c WHERE c.file_id = files.id);
+
+        -- (source, key) -> n, where key is a file status ('indexed', 'skipped', 'failed') or
+        -- 'chunks'. Only the triggers below write it.
+        CREATE TABLE counts (
+            source  TEXT NOT NULL,
+            key     TEXT NOT NULL,
+            n       INTEGER NOT NULL,
+            PRIMARY KEY (source, key)
+        ) WITHOUT ROWID;
+        INSERT INTO counts (source, key, n) SELECT source, status, COUNT(*) FROM files
+            GROUP BY source, status;
+        INSERT INTO counts (source, key, n) SELECT source, 'chunks', SUM(chunks) FROM files
+            GROUP BY source;
+
+        CREATE TRIGGER files_counts_ai AFTER INSERT ON files BEGIN
+            INSERT INTO counts (source, key, n) VALUES (new.source, new.status, 1)
+                ON CONFLICT (source, key) DO UPDATE SET n = n + 1;
+            INSERT INTO counts (source, key, n) VALUES (new.source, 'chunks', new.chunks)
+                ON CONFLICT (source, key) DO UPDATE SET n = n + excluded.n;
+        END;
+        CREATE TRIGGER files_counts_ad AFTER DELETE ON files BEGIN
+            UPDATE counts SET n = n - 1 WHERE source = old.source AND key = old.status;
+            UPDATE counts SET n = n - old.chunks WHERE source = old.source AND key = 'chunks';
+        END;
+        CREATE TRIGGER files_counts_au AFTER UPDATE OF source, status, chunks ON files BEGIN
+            UPDATE counts SET n = n - 1 WHERE source = old.source AND key = old.status;
+            UPDATE counts SET n = n - old.chunks WHERE source = old.source AND key = 'chunks';
+            INSERT INTO counts (source, key, n) VALUES (new.source, new.status, 1)
+                ON CONFLICT (source, key) DO UPDATE SET n = n + 1;
+            INSERT INTO counts (source, key, n) VALUES (new.source, 'chunks', new.chunks)
+                ON CONFLICT (source, key) DO UPDATE SET n = n + excluded.n;
+        END;
+    """)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# -- file names that are not UTF-8 -----------------------------------------------------------
+# os.scandir gives such a name as a str holding lone surrogates (surrogateescape), which
+# SQLite cannot store as TEXT. Such a relpath is stored as a BLOB of its raw bytes instead:
+# SQLite never finds a BLOB equal to a TEXT, so the two spellings cannot collide, and the
+# round trip is exact.
+
+def db_rel(rel: str) -> str | bytes:
+    """A relative path as stored in files.relpath."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(rel)
+    return rel
+
+
+def fs_rel(value: str | bytes) -> str:
+    """files.relpath back to the path as os functions take it."""
+    return os.fsdecode(value) if isinstance(value, bytes) else value
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN",
+             "SQLITE_PROTOCOL")
+
+
+def transient(e: BaseException) -> bool:
+    """Is this an error of the database's situation (busy, disk full, I/O), which passes,
+    rather than of the statement? A writer retries those later and loses nothing."""
+    if not isinstance(e, sqlite3.OperationalError):
+        return False
+    name = getattr(e, "sqlite_errorname", "") or ""
+    if name:
+        return name.startswith(TRANSIENT)
+    msg = str(e)
+    return any(t in msg for t in ("locked", "busy", "disk is full", "disk I/O error"))
+
+
+def busy(e: BaseException) -> bool:
+    name = getattr(e, "sqlite_errorname", "") or ""
+    return isinstance(e, sqlite3.OperationalError) and (
+        name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or (not name and "locked" in str(e)))
+
+
+def begin(db: sqlite3.Connection, stop: threading.Event | None = None) -> None:
+    """BEGIN IMMEDIATE, waiting out a busy database.
+
+    busy_timeout already makes BEGIN wait up to 10 s for another writer; past that it is tried
+    again, with a warning, until it gets the lock or `stop` is set (then the error is raised).
+    """
+    delay = 0.05
+    while True:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as e:
+            if not busy(e) or (stop is not None and stop.is_set()):
+                raise
+            log.warning("the index is busy (%s); waiting for the write lock", e)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def rollback(db: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if any (after an error: never raises)."""
+    if db.in_transaction:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+@contextmanager
+def transaction(db: sqlite3.Connection, stop: threading.Event | None = None):
+    """A write transaction that waits out a busy database (see begin). Any error inside the
+    block rolls it back and is raised to the caller, whose work stays queued."""
+    begin(db, stop)
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        rollback(db)
+        raise
 
 
 def connect(path: Path | str, readonly: bool = False) -> sqlite3.Connection:
@@ -282,7 +415,18 @@ class Changes:
 def file_rows(db: sqlite3.Connection, source: str) -> dict[str, FileRow]:
     rows = db.execute("SELECT id, source, relpath, size, mtime_ns, hash, status, reason, "
                       "indexed_at FROM files WHERE source = ?", (source,))
-    return {r["relpath"]: FileRow(*r) for r in rows}
+    out = {}
+    for r in rows:
+        row = FileRow(*r)
+        row.relpath = fs_rel(row.relpath)
+        out[row.relpath] = row
+    return out
+
+
+def file_row(db: sqlite3.Connection, source: str, relpath: str):
+    """(id, hash, status) of one file, or None."""
+    return db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
+                      (source, db_rel(relpath))).fetchone()
 
 
 def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime_ns: int,
@@ -292,18 +436,20 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
     """Record one file and (when chunks is not None) replace its chunks. Caller holds the
     transaction, so the file row, its chunks and their FTS rows change together."""
     now = time.time()
-    row = db.execute("SELECT id FROM files WHERE source = ? AND relpath = ?",
-                     (source, relpath)).fetchone()
+    chunks = list(chunks) if chunks is not None else None
+    row = file_row(db, source, relpath)
+    n = len(chunks) if chunks is not None else None
     if row is None:
         file_id = db.execute(
             "INSERT INTO files (source, relpath, size, mtime_ns, hash, status, reason, "
-            "indexed_at, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (source, relpath, size, mtime_ns, hash_, status, reason, now, meta)).lastrowid
+            "indexed_at, meta, chunks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (source, db_rel(relpath), size, mtime_ns, hash_, status, reason, now, meta,
+             n or 0)).lastrowid
     else:
         file_id = row[0]
         db.execute("UPDATE files SET size = ?, mtime_ns = ?, hash = ?, status = ?, reason = ?, "
-                   "indexed_at = ?, meta = ? WHERE id = ?",
-                   (size, mtime_ns, hash_, status, reason, now, meta, file_id))
+                   "indexed_at = ?, meta = ?, chunks = COALESCE(?, chunks) WHERE id = ?",
+                   (size, mtime_ns, hash_, status, reason, now, meta, n, file_id))
     if chunks is not None:
         if changes is not None:
             changes.removed += [r[0] for r in db.execute(
@@ -334,11 +480,8 @@ def delete_file(db: sqlite3.Connection, file_id: int, changes: Changes | None = 
 
 
 def source_counts(db: sqlite3.Connection) -> dict[str, dict[str, int]]:
-    """Per source: files by status, and chunks."""
+    """Per source: files by status, and chunks (kept by triggers: no counting)."""
     out: dict[str, dict[str, int]] = {}
-    for r in db.execute("SELECT source, status, COUNT(*) FROM files GROUP BY source, status"):
-        out.setdefault(r[0], {})[r[1]] = r[2]
-    for r in db.execute("SELECT f.source, COUNT(*) FROM chunks c JOIN files f ON f.id = c.file_id "
-                        "GROUP BY f.source"):
-        out.setdefault(r[0], {})["chunks"] = r[1]
+    for source, key, n in db.execute("SELECT source, key, n FROM counts"):
+        out.setdefault(source, {})[key] = n
     return out
