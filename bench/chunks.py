@@ -45,7 +45,7 @@ def main() -> None:
             kind = "obsidian" if (root / ".obsidian").is_dir() else "folder"
             src = Source(name, root, kind, tuple(DEFAULT_INCLUDE[kind]), ())
             per_note, real, est = [], [], []
-            for seen in sources.scan(src):
+            for seen in sources.scan(src).files.values():
                 doc = loader.load(src, seen.relpath, cfg.max_file_bytes).doc
                 chunks = chunker.chunk_doc(doc, cfg.chunk_tokens, cfg.chunk_overlap)
                 per_note.append(len(chunks))

@@ -40,7 +40,7 @@ def test_scan_skips_dot_folders_and_follows_globs(tmp_path):
         p.write_text("x")
     (tmp_path / "loop").symlink_to(tmp_path)  # a folder symlink is not followed: no loop
     src = Source("s", tmp_path, "obsidian", ("**/*.md",), ("Templates/**",))
-    assert sorted(s.relpath for s in sources.scan(src)) == ["a.md", "sub/c.md"]
+    assert sorted(sources.scan(src).files) == ["a.md", "sub/c.md"]
 
 
 def test_read_reasons(tmp_path):
@@ -218,7 +218,7 @@ def all_files():
         if vault.is_dir():
             src = Source(vault.name, vault, "obsidian" if (vault / ".obsidian").is_dir() else "folder",
                          DEFAULT_INCLUDE["obsidian" if (vault / ".obsidian").is_dir() else "folder"], ())
-            for seen in sources.scan(src):
+            for seen in sources.scan(src).files.values():
                 yield src, seen.relpath
 
 
@@ -248,10 +248,10 @@ def test_ignore_rules(tmp_path):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("x")
     src = Source("v", tmp_path, "obsidian", ("**/*.md", "**/*.md.swp", "**/*.md~"), ())
-    assert sorted(s.relpath for s in sources.scan(src)) == [
+    assert sorted(sources.scan(src).files) == [
         "a.md", "docs/public.md", "keep.draft.md", "ok.sync.md", "sub/root-only.md", "x.tmp.md"]
     folder = Source("f", tmp_path, "folder", ("**/*.md",), ())  # no Obsidian rules for folders
-    assert "Archive/old.md" in {s.relpath for s in sources.scan(folder)}
+    assert "Archive/old.md" in set(sources.scan(folder).files)
 
 
 @pytest.mark.parametrize("name", ["start-here", "dataview-base", "recurring-tasks",

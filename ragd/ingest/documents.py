@@ -84,13 +84,22 @@ def parse_rst(text: str, title: str) -> Doc:
     return Doc(lines=lines, blocks=blocks, title=title)
 
 
+PDFTOTEXT_TIMEOUT = 120  # seconds
+NEEDS_PDFTOTEXT = "PDF skipped: pdftotext is not installed"
+
+
 def pdf_text(path: Path) -> list[str]:
     """The text of each page, by pdftotext."""
     exe = shutil.which("pdftotext")
     if exe is None:
-        raise NeedsTool(f"PDF skipped: pdftotext is not installed ({PDFTOTEXT_HINT})")
-    proc = subprocess.run([exe, "-enc", "UTF-8", str(path), "-"], capture_output=True,
-                          timeout=120)
+        raise NeedsTool(f"{NEEDS_PDFTOTEXT} ({PDFTOTEXT_HINT})")
+    try:
+        proc = subprocess.run([exe, "-enc", "UTF-8", str(path), "-"], capture_output=True,
+                              timeout=PDFTOTEXT_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        err = ValueError(f"pdftotext took over {PDFTOTEXT_TIMEOUT} s")
+        err.retry = True  # a slow moment of the machine, not the file's fault: try again later
+        raise err from None
     if proc.returncode != 0:
         raise ValueError(f"pdftotext failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
     pages = proc.stdout.decode("utf-8", errors="replace").split("\f")

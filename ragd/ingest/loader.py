@@ -10,6 +10,11 @@ from ragd.ingest import documents, markdown, sources
 from ragd.ingest.markdown import Doc
 
 MARKDOWN = (".md", ".markdown")
+SLOW = (".pdf",)  # read through a helper program, which may take seconds: off the main lane
+
+
+def is_slow(rel: str) -> bool:
+    return Path(rel).suffix.lower() in SLOW
 
 
 @dataclass
@@ -24,14 +29,14 @@ def load(src: Source, rel: str, max_bytes: int) -> Loaded:
     """Read and parse one file. Raises sources.Unreadable (with the reason) when it cannot be
     indexed, or documents.NeedsTool when a helper program is missing."""
     path = src.root / rel
-    title = Path(rel).stem
+    title = sources.printable(Path(rel).stem)
     suffix = Path(rel).suffix.lower()
     if suffix == ".pdf":
         raw = sources.read_bytes(path, max_bytes)
         try:
             pages = documents.pdf_text(path)
         except ValueError as e:
-            raise sources.Unreadable(str(e)) from None
+            raise sources.Unreadable(str(e), retry=getattr(e, "retry", False)) from None
         doc = documents.parse_pdf(pages, title)
         return Loaded(doc, raw.hash, raw.size, raw.mtime_ns)
     content = sources.read(path, max_bytes)

@@ -11,9 +11,9 @@ import hashlib
 import json
 import os
 import re
+import stat as stat_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ragd.config import Source
 
@@ -128,46 +128,76 @@ class Seen:
     mtime_ns: int
 
 
-def scan(source: Source) -> Iterator[Seen]:
-    """Walk the source and yield each wanted regular file with its stat.
+@dataclass
+class Listing:
+    """What a scan saw: the wanted files, and the folders (or entries) it could not list.
+
+    A file under an unlisted folder is neither present nor absent: it is not known, and must
+    not be taken as deleted."""
+    files: dict[str, Seen]
+    unlisted: dict[str, str]  # relative path of a folder or entry ("" = the root) -> why
+
+    def covers(self, relpath: str) -> bool:
+        """Did the scan see the place where relpath would be (so its absence is real)?"""
+        for d in self.unlisted:
+            if d == "" or relpath == d or relpath.startswith(d + "/"):
+                return False
+        return True
+
+
+def scan(source: Source) -> Listing:
+    """Walk the source: each wanted regular file with its stat, and what could not be listed.
 
     Dot-folders are not entered. Symlinked folders are not followed (no loops); a symlinked file
-    is yielded with the target's stat, and a broken one with size -1 so it can be recorded as
+    is listed with the target's stat, and a broken one with size -1 so it can be recorded as
     skipped with its reason.
     """
     root = str(source.root)
     rules = Rules(source)
+    files: dict[str, Seen] = {}
+    unlisted: dict[str, str] = {}
     stack = [""]
     while stack:
         rel_dir = stack.pop()
         try:
             it = os.scandir(os.path.join(root, rel_dir) if rel_dir else root)
-        except OSError:
+        except OSError as e:
+            unlisted[rel_dir] = e.strerror or str(e)
             continue
-        with it:
-            for entry in it:
-                if entry.name.startswith("."):
-                    continue
-                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(rel)
+        try:
+            with it:
+                for entry in it:
+                    if entry.name.startswith("."):
                         continue
-                    if not rules.wanted(rel):
-                        continue
+                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
                     try:
-                        st = entry.stat(follow_symlinks=True)
-                    except OSError:  # broken symlink or loop
-                        yield Seen(rel, -1, 0)
-                        continue
-                    if entry.is_file(follow_symlinks=True):
-                        yield Seen(rel, st.st_size, st.st_mtime_ns)
-                except OSError:
-                    continue
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(rel)
+                            continue
+                        if not rules.wanted(rel):
+                            continue
+                        try:
+                            st = entry.stat(follow_symlinks=True)
+                        except OSError:  # broken symlink or loop
+                            files[rel] = Seen(rel, -1, 0)
+                            continue
+                        if entry.is_file(follow_symlinks=True):
+                            files[rel] = Seen(rel, st.st_size, st.st_mtime_ns)
+                    except OSError as e:
+                        unlisted[rel] = e.strerror or str(e)
+        except OSError as e:  # the listing broke off part way
+            unlisted[rel_dir] = e.strerror or str(e)
+    return Listing(files, unlisted)
 
 
 class Unreadable(Exception):
-    """The file cannot be indexed; the message is the reason shown to the user."""
+    """The file cannot be indexed; the message is the reason shown to the user. retry: an
+    error of access (permission, I/O), not of the content, so the file is tried again later
+    and what was indexed of it is kept meanwhile."""
+
+    def __init__(self, reason: str, retry: bool = False):
+        super().__init__(reason)
+        self.retry = retry
 
 
 @dataclass
@@ -184,32 +214,71 @@ def content_hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+def printable(name: str) -> str:
+    """A path or name as shown to people and sent on the wire: bytes that were not UTF-8
+    (surrogate-escaped by os functions) become U+FFFD."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+class Vanished(Unreadable):
+    """The file is not there (any more)."""
+
+
 def read_bytes(path: Path, max_bytes: int) -> Content:
-    """Stat, size-check, read and hash one file (no decoding)."""
+    """Stat, size-check, read and hash one file (no decoding). Only regular files are opened,
+    and without blocking (a FIFO would wait for a writer forever)."""
     try:
         st = path.stat()
     except FileNotFoundError:
         if path.is_symlink():
             raise Unreadable("broken symlink") from None
-        raise Unreadable("file vanished") from None
+        raise Vanished("file vanished") from None
     except OSError as e:
         if e.errno == 40:  # ELOOP
             raise Unreadable("symlink loop") from None
-        raise Unreadable(f"cannot stat: {e.strerror}") from None
+        raise Unreadable(f"cannot stat: {e.strerror}", retry=True) from None
+    if not stat_mod.S_ISREG(st.st_mode):
+        raise Unreadable(f"not a regular file ({_kind(st.st_mode)})")
     if st.st_size > max_bytes:
         raise Unreadable(f"too large ({st.st_size} bytes; the limit is index.max_file_bytes = "
                          f"{max_bytes})")
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise Vanished("file vanished") from None
     except PermissionError:
-        raise Unreadable("permission denied") from None
+        raise Unreadable("permission denied", retry=True) from None
     except OSError as e:
-        raise Unreadable(f"cannot read: {e.strerror}") from None
+        raise Unreadable(f"cannot open: {e.strerror}", retry=True) from None
+    try:
+        fst = os.fstat(fd)
+        if not stat_mod.S_ISREG(fst.st_mode):  # swapped for something else since the stat
+            raise Unreadable(f"not a regular file ({_kind(fst.st_mode)})")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise Unreadable(f"cannot read: {e.strerror}", retry=True) from None
+    finally:
+        os.close(fd)
+    st = fst
     if len(data) > max_bytes:
         raise Unreadable(f"too large (over {max_bytes} bytes)")
     return Content(text="", hash=content_hash(data), size=len(data), mtime_ns=st.st_mtime_ns,
                    warning=None, data=data)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat_mod.S_ISFIFO, "a FIFO"), (stat_mod.S_ISSOCK, "a socket"),
+                       (stat_mod.S_ISCHR, "a character device"), (stat_mod.S_ISBLK,
+                                                                  "a block device"),
+                       (stat_mod.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def read(path: Path, max_bytes: int) -> Content:

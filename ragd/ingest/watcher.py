@@ -40,6 +40,7 @@ from watchdog.observers import Observer
 
 from ragd.config import Source
 from ragd.ingest.sources import Rules
+from ragd.workers import Worker
 
 log = logging.getLogger("ragd.watcher")
 
@@ -100,9 +101,14 @@ def inotify_watched() -> set[int] | None:
         except OSError:
             continue
         found = True
-        inodes.update(int(m, 16) for m in re.findall(r"^inotify wd:\d+ ino:([0-9a-f]+)", text,
-                                                     re.M))
+        inodes.update(parse_fdinfo(text))
     return inodes if found else None
+
+
+def parse_fdinfo(text: str) -> set[int]:
+    """Inode numbers of the watches in one inotify fd's /proc fdinfo text. The kernel prints
+    the watch descriptor and the inode in hex: 'inotify wd:41e ino:1a2b sdev:...'."""
+    return {int(m, 16) for m in re.findall(r"^inotify wd:[0-9a-f]+ ino:([0-9a-f]+)", text, re.M)}
 
 
 def _folders(root: Path) -> dict[int, str]:
@@ -146,6 +152,10 @@ def _try_watch(path: str) -> int | None:
 
 
 class Watcher:
+    """Two threads of its own besides watchdog's: the flusher (events coalesced per path, handed
+    to the indexer once quiet) and the checker (the inotify bookkeeping: are all folders
+    watched; the periodic reconciliation scans). Both sleep until something is due."""
+
     def __init__(self, sources: list[Source], indexer, quiet: float = 0.25,
                  scan_interval: float = 600.0, unwatched_scan_interval: float = 30.0):
         self.sources = sources
@@ -163,15 +173,19 @@ class Watcher:
         self._strays: set[str] = set()  # sources last found with watchable folders unwatched
         self._spy = _OverflowSpy(self)
         self._burst: dict[str, int] = {}  # source -> paths flushed in its current burst
-        self._check_at: float | None = 0.0  # when to compare folders and watches next
         self.last_event: dict[str, float] = {}
+        # The flusher's queues, under _lock (a Condition: an event wakes the flusher).
+        self._lock = threading.Condition()
         self._due: dict[tuple[str, str], float] = {}  # (source, rel) -> time it settles
         self._seen: dict[tuple[str, str], float] = {}  # (source, rel) -> first event (wall time)
         self._moves: list[tuple[float, str, str, str]] = []  # (due, source, old rel, new rel)
-        self._lock = threading.Lock()
         self._inflight = 0  # taken off the queues, not yet handed to the indexer
+        # The checker's schedule, under _check_cv.
+        self._check_cv = threading.Condition()
+        self._check_at: float | None = time.monotonic()  # compare folders and watches next
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="watcher", daemon=True)
+        self.flusher = Worker("watch-flusher", self._flush_loop)
+        self.checker = Worker("watch-checker", self._check_loop)
 
     def start(self) -> None:
         logging.getLogger(OVERFLOW_LOGGER).addHandler(self._spy)
@@ -181,7 +195,8 @@ class Watcher:
                 self._schedule(s)
             except OSError as e:
                 self._unwatched(s, e)
-        self._thread.start()
+        self.flusher.start()
+        self.checker.start()
 
     def _schedule(self, s: Source) -> None:
         self._watches[s.name] = self.observer.schedule(
@@ -203,8 +218,7 @@ class Watcher:
         self._strays.discard(s.name)
         log.info("source %s: its folders can be watched now; watching it afresh", s.name)
         self.indexer.request_scan(s.name)
-        with self._lock:
-            self._check_at = time.monotonic() + 2.0
+        self._check_in(2.0)
 
     def _unwatched(self, s: Source, e: OSError) -> None:
         scans = f"the source is scanned every {self.unwatched_scan_interval:g} s instead"
@@ -220,12 +234,17 @@ class Watcher:
     def stop(self) -> None:
         logging.getLogger(OVERFLOW_LOGGER).removeHandler(self._spy)
         self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        with self._check_cv:
+            self._check_cv.notify_all()
         try:
             self.observer.stop()
             self.observer.join(5)
         except RuntimeError:
             pass
-        self._thread.join(5)
+        self.flusher.stop(5)
+        self.checker.stop(5)
 
     # -- events (observer threads) ---------------------------------------------------------------
 
@@ -236,6 +255,21 @@ class Watcher:
         except ValueError:
             return None
         return rel if rel != "." else None
+
+    def _settle(self, keys: list[tuple[str, str]], now: float) -> None:
+        """These paths changed: each is handed to the indexer once quiet for `quiet`."""
+        if not keys:
+            return
+        with self._lock:
+            wall = time.time()
+            for key in keys:
+                self._due[key] = now + self.quiet
+                self._seen.setdefault(key, wall)
+            overflow = len(self._due) > MAX_PENDING
+            self._lock.notify_all()
+        if overflow:
+            for name in {k[0] for k in keys}:
+                self._overflow(name)
 
     def on_event(self, s: Source, event: FileSystemEvent) -> None:
         if event.event_type in ("opened", "closed_no_write"):
@@ -249,17 +283,17 @@ class Watcher:
             old, new = self._rel(s, event.src_path), self._rel(s, event.dest_path)
             if event.is_directory:
                 self._dir_moved(s, old, new, now)
-                self._check_soon(now)
+                self._check_in(1.0)
                 return
             old_ok = old is not None and rules.wanted(old)
             new_ok = new is not None and rules.wanted(new)
-            with self._lock:
-                if old_ok and new_ok:
+            if old_ok and new_ok:
+                with self._lock:
                     self._moves.append((now + self.quiet, s.name, old, new))
-                    return
-                for rel, ok in ((old, old_ok), (new, new_ok)):
-                    if ok:
-                        self._due[(s.name, rel)] = now + self.quiet
+                    self._lock.notify_all()
+                return
+            self._settle([(s.name, rel) for rel, ok in ((old, old_ok), (new, new_ok)) if ok],
+                         now)
             return
         rel = self._rel(s, event.src_path)
         if rel is None:
@@ -269,50 +303,38 @@ class Watcher:
                 self.indexer.request_scan(s.name)  # whatever was under it is gone
             elif event.event_type == "created":
                 self._walk(s, rel, now)  # files may have arrived before the watch did
-                self._check_soon(now)
+                self._check_in(1.0)
             return
         if rules.wanted(rel):
-            with self._lock:
-                self._due[(s.name, rel)] = now + self.quiet
-                self._seen.setdefault((s.name, rel), time.time())
-                overflow = len(self._due) > MAX_PENDING
-            if overflow:
-                self._overflow(s)
+            self._settle([(s.name, rel)], now)
+
+    def _files_under(self, s: Source, rel_dir: str) -> list[str]:
+        """Wanted files under a folder of the source (walked without holding any lock)."""
+        rules = self.rules[s.name]
+        out = []
+        for dirpath, dirnames, filenames in os.walk(s.root / rel_dir):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for f in filenames:
+                rel = (Path(dirpath) / f).relative_to(s.root).as_posix()
+                if rules.wanted(rel):
+                    out.append(rel)
+        return out
 
     def _dir_moved(self, s: Source, old: str | None, new: str | None, now: float) -> None:
         if new is None:  # moved out of the source: like a deletion
             self.indexer.request_scan(s.name)
             return
-        rules = self.rules[s.name]
-        root = s.root / new
+        files = self._files_under(s, new)
+        if old is None:  # moved in from outside: new files
+            self._settle([(s.name, rel) for rel in files], now)
+            return
         with self._lock:
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-                for f in filenames:
-                    rel_new = (Path(dirpath) / f).relative_to(s.root).as_posix()
-                    if not rules.wanted(rel_new):
-                        continue
-                    if old is not None:
-                        rel_old = old + rel_new[len(new):]
-                        self._moves.append((now + self.quiet, s.name, rel_old, rel_new))
-                    else:
-                        self._due[(s.name, rel_new)] = now + self.quiet
+            for rel_new in files:
+                self._moves.append((now + self.quiet, s.name, old + rel_new[len(new):], rel_new))
+            self._lock.notify_all()
 
     def _walk(self, s: Source, rel_dir: str, now: float) -> None:
-        rules = self.rules[s.name]
-        with self._lock:
-            for dirpath, dirnames, filenames in os.walk(s.root / rel_dir):
-                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-                for f in filenames:
-                    rel = (Path(dirpath) / f).relative_to(s.root).as_posix()
-                    if rules.wanted(rel):
-                        self._due[(s.name, rel)] = now + self.quiet
-
-    def _check_soon(self, now: float) -> None:
-        """New folders: once things settle, see that each got its watch."""
-        with self._lock:
-            if self._check_at is None or self._check_at > now + 1.0:
-                self._check_at = now + 1.0
+        self._settle([(s.name, rel) for rel in self._files_under(s, rel_dir)], now)
 
     def overflowed(self) -> None:
         """The kernel dropped inotify events (any source may have lost some): scan them all."""
@@ -329,10 +351,128 @@ class Watcher:
                            message="inotify queue overflowed; reconciling with a scan")
         self.indexer.request_scan()
 
+    def _overflow(self, name: str) -> None:
+        """Too many paths wait: drop them for a scan of the source, which finds them all."""
+        log.warning("source %s: more than %d changed paths waiting; reconciling with a scan",
+                    name, MAX_PENDING)
+        with self._lock:
+            self._due = {k: v for k, v in self._due.items() if k[0] != name}
+            # What the scan will index is the indexer's to count from now on.
+            self._seen = {k: v for k, v in self._seen.items() if k[0] != name}
+        self.indexer.request_scan(name)
+
+    # -- the flusher ------------------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                self._inflight = 0
+                now = time.monotonic()
+                nexts = [d for d in self._due.values()] + [m[0] for m in self._moves]
+                soonest = min(nexts) if nexts else None
+                if soonest is None or soonest > now:
+                    self._lock.wait(None if soonest is None else soonest - now)
+                    continue
+                moves = [m for m in self._moves if m[0] <= now]
+                self._moves = [m for m in self._moves if m[0] > now]
+                ready = [k for k, due in self._due.items() if due <= now]
+                for k in ready:
+                    del self._due[k]
+                self._inflight = len(moves) + len(ready)
+            for _, name, old, new in moves:
+                self.indexer.request_move(name, old, new)
+            for key in ready:
+                with self._lock:
+                    since = self._seen.pop(key, None)
+                self.indexer.request_path(*key, since=since)
+            self._after_bursts(moves, ready)
+
+    def _after_bursts(self, moves: list, ready: list) -> None:
+        """Count each source's burst of changes; when a big one has settled (nothing of that
+        source waits any more), reconcile the source with a scan: in a storm, files can land in
+        a new folder between its creation and its watch, and a scan is cheap next to a loss."""
+        for _, name, _, _ in moves:
+            self._burst[name] = self._burst.get(name, 0) + 1
+        for name, _ in ready:
+            self._burst[name] = self._burst.get(name, 0) + 1
+        if not self._burst:
+            return
+        with self._lock:
+            busy = {k[0] for k in self._due} | {m[1] for m in self._moves}
+        for name in [n for n in self._burst if n not in busy]:
+            if self._burst.pop(name) >= STORM_PATHS:
+                log.info("source %s: a burst of changes settled; reconciling with a scan", name)
+                self.indexer.request_scan(name)
+
+    def oldest_pending(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        with self._lock:
+            for (source, _), t in self._seen.items():
+                out[source] = min(out.get(source, t), t)
+        return out
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._due) + len(self._moves) + self._inflight
+
+    # -- the checker ------------------------------------------------------------------------------
+
+    def _check_in(self, delay: float) -> None:
+        """New folders (or a re-watch): once things settle, see that each got its watch."""
+        with self._check_cv:
+            at = time.monotonic() + delay
+            if self._check_at is None or self._check_at > at:
+                self._check_at = at
+                self._check_cv.notify_all()
+
+    def _check_loop(self) -> None:
+        next_scan = time.monotonic() + self.scan_interval
+        next_unwatched = time.monotonic() + self.unwatched_scan_interval
+        while not self._stop.is_set():
+            with self._check_cv:
+                now = time.monotonic()
+                due = [next_scan] + ([next_unwatched] if self.errors else [])
+                if self._check_at is not None:
+                    due.append(self._check_at)
+                if min(due) > now:
+                    self._check_cv.wait(min(due) - now)
+                    continue
+                check = self._check_at is not None and self._check_at <= now
+                if check:
+                    self._check_at = None  # the next new folder sets a time again
+            if now >= next_scan:
+                self.indexer.request_scan()
+                next_scan = now + self.scan_interval
+                check = True
+            if now >= next_unwatched:
+                if self.errors:
+                    for name in sorted(self.errors):  # not (fully) watched
+                        self.indexer.request_scan(name)
+                    check = check or bool(self._limited)  # has the limit been raised?
+                next_unwatched = now + self.unwatched_scan_interval
+            if check:
+                self.check_watches()
+            if not self.observer.is_alive() and not self._stop.is_set():
+                self._restart_observer()
+
+    def _restart_observer(self) -> None:
+        """watchdog's observer thread ended (it should not): start a new one and rescan."""
+        log.error("the file watching thread ended; starting it again and rescanning")
+        self.observer = Observer()
+        self._watches.clear()
+        self.observer.start()
+        for s in self.sources:
+            try:
+                self._schedule(s)
+            except OSError as e:
+                self._unwatched(s, e)
+        self.indexer.request_scan()
+
     def check_watches(self) -> None:
         try:
             self._check_watches()
-        except Exception:  # a check must never stop the flusher
+        except Exception:  # a check must never stop the checker
             log.exception("checking the watches")
 
     def _check_watches(self) -> None:
@@ -363,8 +503,7 @@ class Watcher:
                     self._rewatch(s)
                 else:
                     self._strays.add(s.name)
-                    with self._lock:
-                        self._check_at = time.monotonic() + 2.0
+                    self._check_in(2.0)
                 continue
             path, err = failures[0]
             if err == errno.ENOSPC:
@@ -379,78 +518,3 @@ class Watcher:
                 log.warning("source %s: %s", s.name, why)
             self.errors[s.name] = why
             self._limited.add(s.name)
-
-    def _overflow(self, s: Source) -> None:
-        log.warning("source %s: more than %d changed paths waiting; reconciling with a scan",
-                    s.name, MAX_PENDING)
-        with self._lock:
-            self._due = {k: v for k, v in self._due.items() if k[0] != s.name}
-        self.indexer.request_scan(s.name)
-
-    # -- the flusher ------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        next_scan = time.monotonic() + self.scan_interval
-        next_unwatched = time.monotonic() + self.unwatched_scan_interval
-        while not self._stop.wait(min(0.05, self.quiet / 2)):
-            now = time.monotonic()
-            with self._lock:
-                moves = [m for m in self._moves if m[0] <= now]
-                self._moves = [m for m in self._moves if m[0] > now]
-                ready = [k for k, due in self._due.items() if due <= now]
-                for k in ready:
-                    del self._due[k]
-                self._inflight = len(moves) + len(ready)
-                check = self._check_at is not None and self._check_at <= now
-                if check:
-                    self._check_at = None  # the next new folder sets a time again
-            for _, name, old, new in moves:
-                self.indexer.request_move(name, old, new)
-            for key in ready:
-                with self._lock:
-                    since = self._seen.pop(key, None)
-                self.indexer.request_path(*key, since=since)
-            with self._lock:
-                self._inflight = 0
-            self._after_bursts(moves, ready)
-            if check:
-                self.check_watches()
-            if now >= next_scan:
-                self.indexer.request_scan()
-                next_scan = now + self.scan_interval
-                self.check_watches()
-            if now >= next_unwatched:
-                for name in sorted(self.errors):  # not (fully) watched
-                    self.indexer.request_scan(name)
-                if self._limited:
-                    self.check_watches()  # has the limit been raised?
-                next_unwatched = now + self.unwatched_scan_interval
-
-    def _after_bursts(self, moves: list, ready: list) -> None:
-        """Count each source's burst of changes; when a big one has settled (nothing of that
-        source waits any more), reconcile the source with a scan: in a storm, files can land in
-        a new folder between its creation and its watch, and a scan is cheap next to a loss."""
-        for _, name, _, _ in moves:
-            self._burst[name] = self._burst.get(name, 0) + 1
-        for name, _ in ready:
-            self._burst[name] = self._burst.get(name, 0) + 1
-        if not self._burst:
-            return
-        with self._lock:
-            busy = {k[0] for k in self._due} | {m[1] for m in self._moves}
-        for name in [n for n in self._burst if n not in busy]:
-            if self._burst.pop(name) >= STORM_PATHS:
-                log.info("source %s: a burst of changes settled; reconciling with a scan", name)
-                self.indexer.request_scan(name)
-
-    def oldest_pending(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        with self._lock:
-            for (source, _), t in self._seen.items():
-                out[source] = min(out.get(source, t), t)
-        return out
-
-    @property
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._due) + len(self._moves) + self._inflight
