@@ -13,6 +13,8 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from ragd.index import store
+
 UNUSED = ("NOT EXISTS (SELECT 1 FROM chunks c WHERE c.embed_hash = embeddings.text_hash)")
 
 
@@ -28,10 +30,9 @@ class GCResult:
 
 
 def sweep(db: sqlite3.Connection, grace_s: float, now: float | None = None) -> GCResult:
-    """One pass, in one transaction. The caller owns the connection (any writer)."""
+    """One pass, in one transaction, on the caller's connection (the indexer runs it)."""
     now = time.time() if now is None else now
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with store.transaction(db):
         db.execute(f"UPDATE embeddings SET orphaned_at = NULL WHERE orphaned_at IS NOT NULL "
                    f"AND NOT {UNUSED}")
         marked = db.execute(f"UPDATE embeddings SET orphaned_at = ? WHERE orphaned_at IS NULL "
@@ -46,8 +47,4 @@ def sweep(db: sqlite3.Connection, grace_s: float, now: float | None = None) -> G
                    "c.embed_hash = embed_failures.text_hash)")
         waiting = db.execute("SELECT COUNT(*) FROM embeddings WHERE orphaned_at IS NOT NULL"
                              ).fetchone()[0]
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
     return GCResult(marked, freed[0], freed[1], waiting)

@@ -1,47 +1,84 @@
-"""The indexer: the one thread that writes the index.
+"""The indexer: the one thread that writes files and chunks to the index.
 
-Work arrives as scans (of a source, or all of them) and as single paths. A scan compares what
-is on disk with the files table: a file whose size and mtime are unchanged is not read; a
-changed one is read and hashed, and only a changed hash is re-chunked. Paths wait in an ordered,
-de-duplicated queue, so a file named twice is indexed once.
+Work arrives as scans (of a source, or all of them), single paths, moves and jobs (a GC sweep:
+anything that must write runs here, so the index has one writer of its own and the embedder
+besides). A scan compares what is on disk with the files table: a file whose size and mtime are
+unchanged is not read; a changed one is read and hashed, and only a changed hash is re-chunked.
+Paths wait in an ordered, de-duplicated queue, so a file named twice is indexed once.
 
-Commits are batched (a transaction holds up to BATCH_FILES files or BATCH_SECONDS of work)
-for speed during a bulk scan; each file's rows change inside that transaction together, so a
-crash leaves every file either as it was or fully updated.
+Each batch is done in two steps, so that no write transaction ever waits on I/O:
 
-An edit (at most LIVE_FILES paths waiting, nothing else queued) goes a step further: its files
-are read and chunked, and their new texts embedded, before the transaction opens, so chunks, FTS
-rows, vectors and file row commit together. Bulk work does not wait for the engine: its chunks
-are searchable by BM25 at once and the embedder thread adds their vectors after.
+1. *prepare*, outside any transaction: read, parse and chunk each file (and, for an edit, embed
+   its new texts). A file that needs a helper program (a PDF: pdftotext, seconds) is prepared on
+   a lane of its own and joins a later batch, so it never holds the others up.
+2. *write*, in one transaction: each file's rows change inside a savepoint of their own. A file
+   whose write fails for a reason of its own is recorded as failed with the reason and the batch
+   goes on; a failure of the database itself (busy, disk full, I/O) rolls the batch back, puts
+   its work back in the queue and pauses the indexer with a backoff — nothing is lost, and
+   ``ragctl status`` says why it waits.
+
+Nothing is deleted on an error: a file leaves the index when a listing that succeeded shows it
+gone (or its name no longer exists). A folder that cannot be listed keeps its files; the source
+is flagged and scanned again with a backoff.
+
+An edit (at most LIVE_FILES paths waiting, nothing else queued) commits its chunks, FTS rows,
+vectors and file row together. Bulk work does not wait for the engine: its chunks are searchable
+by BM25 at once and the embedder thread adds their vectors after.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from ragd.config import Config, Source
 from ragd.index import store
 from ragd.ingest import chunker, documents, loader, sources
+from ragd.workers import Worker
 
 log = logging.getLogger("ragd.indexer")
 
 BATCH_FILES = 500
 BATCH_SECONDS = 0.5
 LIVE_FILES = 8
+PAUSE_START, PAUSE_MAX = 1.0, 60.0  # backoff when the database itself fails (disk full, ...)
+RESCAN_START = 30.0  # a source with folders that could not be listed is scanned again after this
 
 
 @dataclass
 class Prepared:
-    """A file read, chunked and (when the embedder could) embedded before its transaction."""
-    content: loader.Loaded
-    records: list[store.ChunkRecord] | None  # None: unchanged, nothing to chunk
-    vectors: tuple[int, list] | None  # (space, rows) for the listener's put_vectors
+    """A path read and chunked (or found unreadable) before its transaction.
+
+    kind: "index" (content + records), "unchanged" (content), "skipped" (reason: not
+    indexable), "vanished" (its name does not exist), "failed" (reason: an unexpected error).
+    """
+    kind: str
+    content: loader.Loaded | None = None
+    records: list[store.ChunkRecord] | None = None
+    vectors: tuple[int, list] | None = None  # (space, rows) for the listener's put_vectors
+    reason: str | None = None
+    stat: tuple[int, int] = (-1, 0)
+    retry: bool = False  # skipped for an error of access, not of the content: try again
+
+
+@dataclass
+class Item:
+    """One unit of a batch: a path (source, rel, force) or a move (source, old, new)."""
+    source: str
+    rel: str
+    force: bool = False
+    old: str | None = None  # set for a move: old -> rel
+    prepared: Prepared | None = None
+    old_prepared: Prepared | None = None
 
 
 @dataclass
@@ -49,6 +86,8 @@ class SourceState:
     last_scan: float | None = None
     last_error: str | None = None
     scanning: bool = False
+    unlisted: dict[str, str] = field(default_factory=dict)  # folder -> why it was not listed
+    rescan_delay: float = RESCAN_START
 
 
 @dataclass
@@ -72,34 +111,47 @@ class Indexer:
         self.cfg = cfg
         self.db_path = db_path
         self.stats = Stats(per_source={s.name: SourceState() for s in cfg.sources})
+        self.problem: str | None = None  # why the indexer is paused (the database failed)
         self._cv = threading.Condition()
         self._scans: OrderedDict[str, bool] = OrderedDict()  # source name -> force
         self._paths: OrderedDict[tuple[str, str], bool] = OrderedDict()  # (source, rel) -> force
         self._moves: list[tuple[str, str, str]] = []  # (source, old rel, new rel)
+        self._jobs: list[tuple[Callable[[Any], Any], Future]] = []
+        self._ready: list[Item] = []  # prepared on the slow lane, to be written
+        self._slow: dict[tuple[str, str], bool] = {}  # on the slow lane now -> asked again?
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
         self._since: dict[tuple[str, str], float] = {}  # when a queued path was first asked for
+        self._paused_until = 0.0
+        self._pause = PAUSE_START
         self._busy = False
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="indexer", daemon=True)
+        self._stop = threading.Event()
         self._db = None
+        self._ident: int | None = None  # the indexer thread's
+        self._lane_db = None
+        self.hints: set[str] = set()  # what the user could do (install pdftotext)
         self._pending_events: list = []
+        self._slow_lane = ThreadPoolExecutor(1, thread_name_prefix="indexer-slow")
+        self.worker = Worker("indexer", self._run, on_restart=self._after_crash)
 
     # -- control (any thread) -----------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self.worker.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cv:
-            self._stop = True
+            self._stop.set()
             self._cv.notify_all()
-        self._thread.join(timeout)
+        self.worker.stop(timeout)
+        self._slow_lane.shutdown(wait=False, cancel_futures=True)
 
     def request_scan(self, source: str | None = None, force: bool = False) -> list[str]:
         names = [source] if source else [s.name for s in self.cfg.sources]
         with self._cv:
             for name in names:
                 self._scans[name] = self._scans.get(name, False) or force
-                self.stats.per_source[name].scanning = True
+                self._state(name).scanning = True
             self._cv.notify_all()
         return names
 
@@ -111,6 +163,27 @@ class Indexer:
             self._since.setdefault(key, since or time.time())
             self._cv.notify_all()
 
+    def request_move(self, source: str, old: str, new: str) -> None:
+        """A file was renamed or moved: keep its chunks and vectors if its content is the same."""
+        with self._cv:
+            self._moves.append((source, old, new))
+            self._cv.notify_all()
+
+    def run_job(self, fn: Callable[[Any], Any]) -> Future:
+        """Run fn(db) on the indexer's own connection, between batches (a GC sweep: every
+        write but the embedder's happens on this thread). The future holds its result."""
+        fut: Future = Future()
+        with self._cv:
+            self._jobs.append((fn, fut))
+            self._cv.notify_all()
+        return fut
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run fn on the indexer thread in delay seconds (scheduled, not polled)."""
+        with self._cv:
+            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), fn))
+            self._cv.notify_all()
+
     def oldest_pending(self) -> dict[str, float]:
         """Per source, when its oldest change still waiting to be indexed was first seen."""
         out: dict[str, float] = {}
@@ -119,68 +192,156 @@ class Indexer:
                 out[source] = min(out.get(source, t), t)
         return out
 
-    def request_move(self, source: str, old: str, new: str) -> None:
-        """A file was renamed or moved: keep its chunks and vectors if its content is the same."""
-        with self._cv:
-            self._moves.append((source, old, new))
-            self._cv.notify_all()
-
     @property
     def pending(self) -> int:
         """Files waiting to be indexed (scans not yet listed are not counted; see `idle`)."""
         with self._cv:
-            return len(self._paths) + len(self._moves)
+            return len(self._paths) + len(self._moves) + len(self._slow) + len(self._ready)
+
+    def _has_work(self) -> bool:  # with self._cv held
+        return bool(self._scans or self._paths or self._moves or self._jobs or self._ready)
 
     @property
     def idle(self) -> bool:
         with self._cv:
-            return not (self._scans or self._paths or self._moves or self._busy)
+            return not (self._has_work() or self._slow or self._busy)
+
+    @property
+    def state(self) -> str:
+        if self.problem:
+            return f"paused: {self.problem}"
+        if self.worker.state != "running":
+            return self.worker.state
+        return "idle" if self.idle else "indexing"
 
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._scans or self._paths or self._moves or self._busy:
+            while self._has_work() or self._slow or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._cv.wait(left)
         return True
 
+    def _state(self, name: str) -> SourceState:
+        return self.stats.per_source.setdefault(name, SourceState())
+
     # -- the indexer thread ---------------------------------------------------------------------
+
+    def _after_crash(self) -> None:
+        """Restarted after an unexpected error: what was in hand may be lost; a scan finds it."""
+        self.request_scan()
 
     def _run(self) -> None:
         self._db = store.connect(self.db_path)
+        self._ident = threading.get_ident()
         try:
+            self.hints |= {r[0] for r in self._db.execute(
+                "SELECT DISTINCT reason FROM files WHERE status = 'skipped' AND reason LIKE ?",
+                (documents.NEEDS_PDFTOTEXT + "%",))}
             while True:
                 with self._cv:
-                    while not (self._stop or self._scans or self._paths or self._moves):
-                        self._busy = False
+                    self._busy = False
+                    while True:
+                        if self._stop.is_set():
+                            return
+                        now = time.monotonic()
+                        due = self._timers and self._timers[0][0] <= now
+                        paused = now < self._paused_until
+                        if due or (self._jobs and not paused) or (
+                                not paused and self._has_work()):
+                            break
                         self._cv.notify_all()
-                        self._cv.wait()
-                    if self._stop:
-                        return
+                        waits = [t for t in (self._timers[0][0] if self._timers else None,
+                                             self._paused_until if paused else None) if t]
+                        self._cv.wait(max(0.0, min(waits) - now) if waits else None)
                     self._busy = True
-                    scan = self._scans.popitem(last=False) if self._scans else None
-                if scan:
+                    timers = []
+                    while self._timers and self._timers[0][0] <= now:
+                        timers.append(heapq.heappop(self._timers)[2])
+                    job = self._jobs.pop(0) if self._jobs and not paused else None
+                    scan = (self._scans.popitem(last=False)
+                            if self._scans and not paused and job is None else None)
+                for fn in timers:
+                    self._guarded("a scheduled task", fn)
+                if job is not None:
+                    self._run_job(*job)
+                    continue
+                if scan is not None:
                     self._scan(*scan)
-                self._drain()
-        except Exception:
-            log.exception("indexer thread died")
-            raise
+                if time.monotonic() >= self._paused_until:
+                    self._drain()
         finally:
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()
             self._db.close()
+            self._db = None
 
-    def _source(self, name: str) -> Source:
-        src = self.cfg.source(name)
-        assert src is not None, name
-        return src
+    def _guarded(self, what: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("%s failed", what)
+
+    def _run_job(self, fn, fut: Future) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(self._db)
+        except BaseException as e:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            fut.set_exception(e)
+            if store.transient(e):
+                self._paused(e)
+            elif not isinstance(e, Exception):
+                raise
+        else:
+            fut.set_result(result)
+
+    def _paused(self, e: BaseException) -> None:
+        """The database itself failed (disk full, I/O, locked for too long): back off."""
+        self.problem = f"the index cannot be written ({e}); retrying in {self._pause:.0f} s"
+        log.warning("%s", self.problem)
+        if self.events is not None:
+            self.events.publish("error", source=None, message=self.problem)
+        with self._cv:
+            self._paused_until = time.monotonic() + self._pause
+        self._pause = min(self._pause * 2, PAUSE_MAX)
+
+    def _resumed(self) -> None:
+        if self.problem is not None:
+            log.info("the index can be written again")
+            self.problem = None
+        self._pause = PAUSE_START
+
+    def _source(self, name: str) -> Source | None:
+        return self.cfg.source(name)
+
+    # -- scans ----------------------------------------------------------------------------------
 
     def _scan(self, name: str, force: bool) -> None:
+        state = self._state(name)
+        try:
+            self._scan_source(name, force, state)
+        except Exception as e:
+            if store.transient(e):
+                with self._cv:  # do it again once the database is back
+                    self._scans[name] = self._scans.get(name, False) or force
+                self._paused(e)
+                return
+            state.last_error = f"scan failed: {type(e).__name__}: {e}"
+            log.exception("scan of source %s failed", name)
+        finally:
+            with self._cv:
+                state.scanning = name in self._scans
+
+    def _scan_source(self, name: str, force: bool, state: SourceState) -> None:
         src = self._source(name)
-        state = self.stats.per_source[name]
+        if src is None:  # no longer configured
+            return
         t0 = time.monotonic()
         if not src.root.is_dir():
             # An unmounted disk or a renamed folder is not "every file deleted".
@@ -188,16 +349,18 @@ class Indexer:
             log.warning("source %s: %s", name, state.last_error)
             if self.events is not None:
                 self.events.publish("error", source=name, message=state.last_error)
-            state.scanning = False
             return
         if state.last_error and "is missing" in state.last_error:
             state.last_error = None  # it is back
         known = store.file_rows(self._db, name)
-        on_disk = {seen.relpath: seen for seen in sources.scan(src)}
+        listing = sources.scan(src)
+        on_disk = listing.files
+        self._note_unlisted(src, state, listing)
         changed = [rel for rel, seen in on_disk.items()
                    if force or rel not in known or known[rel].size != seen.size
                    or known[rel].mtime_ns != seen.mtime_ns]
-        gone_rels = known.keys() - on_disk.keys()
+        # Only what a listing that succeeded shows gone is gone.
+        gone_rels = {rel for rel in known.keys() - on_disk.keys() if listing.covers(rel)}
         new_rels = [rel for rel in changed if rel not in known]
         if gone_rels and new_rels:  # renamed or moved while we were not watching?
             by_hash = {known[rel].hash: rel for rel in gone_rels
@@ -213,48 +376,51 @@ class Indexer:
                     changed.remove(rel)
                     with self._cv:
                         self._moves.append((name, old, rel))
-        gone = [known[rel].id for rel in gone_rels]
-        if gone:
+        if gone_rels:
             changes = store.Changes() if self._tracking else None
-            self._db.execute("BEGIN IMMEDIATE")
-            for rel in gone_rels:
-                store.delete_file(self._db, known[rel].id, changes)
-                self._emit("removed", name, rel)
-            self._commit(changes)
-            self.stats.files_removed += len(gone)
+            store.begin(self._db, self._stop)
+            try:
+                for rel in gone_rels:
+                    store.delete_file(self._db, known[rel].id, changes)
+                    self._emit("removed", name, rel)
+                self._commit(changes)
+            except BaseException:
+                self._abort()
+                raise
+            self.stats.files_removed += len(gone_rels)
         with self._cv:
             for rel in changed:
                 self._paths[(name, rel)] = self._paths.get((name, rel), False) or force
+        self._resumed()
         state.last_scan = time.time()
-        state.scanning = False
-        log.info("scan %s: %d files, %d to index, %d removed (%.2fs)", name, len(on_disk),
-                 len(changed), len(gone), time.monotonic() - t0)
+        log.info("scan %s: %d files, %d to index, %d removed%s (%.2fs)", name, len(on_disk),
+                 len(changed), len(gone_rels),
+                 f", {len(listing.unlisted)} unlisted kept" if listing.unlisted else "",
+                 time.monotonic() - t0)
 
-    def _prepare_live(self) -> dict[tuple[str, str], Prepared]:
-        """For an edit (a short queue of paths and nothing else), read, chunk and embed its
-        files before the transaction. Anything odd is left to the transaction's own pass."""
-        if self.listener is None or not self.listener.wants_changes:
-            return {}
-        with self._cv:
-            if self._moves or self._scans or len(self._paths) > LIVE_FILES:
-                return {}
-            queued = list(self._paths.items())
-        out: dict[tuple[str, str], Prepared] = {}
-        for (name, rel), force in queued:
-            src = self._source(name)
-            try:
-                content = loader.load(src, rel, self.cfg.max_file_bytes)
-            except Exception:
-                continue
-            row = self._db.execute("SELECT hash, status FROM files WHERE source = ? AND "
-                                   "relpath = ?", (name, rel)).fetchone()
-            if _unchanged(row, content, force):  # read once: the transaction just notes it
-                out[(name, rel)] = Prepared(content, None, None)
-                continue
-            records = self._records(content)
-            out[(name, rel)] = Prepared(content, records,
-                                        self.listener.embed_now(self._db, records))
-        return out
+    def _note_unlisted(self, src: Source, state: SourceState, listing: sources.Listing) -> None:
+        """Folders that could not be listed: their files are kept, the source is flagged, and
+        it is scanned again with a backoff until they can be."""
+        was = state.unlisted
+        state.unlisted = dict(listing.unlisted)
+        if not listing.unlisted:
+            if was:
+                log.info("source %s: every folder can be listed again", src.name)
+                if state.last_error and "could not be listed" in state.last_error:
+                    state.last_error = None
+            state.rescan_delay = RESCAN_START
+            return
+        where, why = next(iter(sorted(listing.unlisted.items())))
+        state.last_error = (f"{len(listing.unlisted)} folder(s) could not be listed, e.g. "
+                            f"{sources.printable(where) or src.root}: {why}; the files under "
+                            f"them are kept; retrying in {state.rescan_delay:.0f} s")
+        if set(listing.unlisted) != set(was):
+            log.warning("source %s: %s", src.name, state.last_error)
+        self.call_later(state.rescan_delay, lambda: self.request_scan(src.name))
+        state.rescan_delay = min(state.rescan_delay * 2, max(RESCAN_START,
+                                                             self.cfg.scan_interval))
+
+    # -- paths: prepare, then write ---------------------------------------------------------------
 
     def _records(self, content) -> list[store.ChunkRecord]:
         pieces = chunker.chunk_doc(content.doc, self.cfg.chunk_tokens, self.cfg.chunk_overlap)
@@ -262,42 +428,202 @@ class Indexer:
                                   c.embed_hash, c.body, c.keywords)
                 for i, c in enumerate(pieces)]
 
-    def _drain(self) -> None:
-        """Index queued paths in batched transactions until the queue is empty or a scan waits."""
-        while True:
-            prepared = self._prepare_live()
-            batch_start, n = time.monotonic(), 0
-            done: list[tuple[str, str]] = []
-            changes = store.Changes() if self._tracking else None
-            self._db.execute("BEGIN IMMEDIATE")
+    def _prepare(self, src: Source, rel: str, force: bool) -> Prepared:
+        """Read and chunk one file, outside any transaction. Never raises."""
+        path = src.root / rel
+        try:
             try:
-                while n < BATCH_FILES and time.monotonic() - batch_start < BATCH_SECONDS:
-                    with self._cv:
-                        if self._stop or not (self._paths or self._moves):
-                            break
-                        move = self._moves.pop(0) if self._moves else None
-                        if move is None:
-                            (name, rel), force = self._paths.popitem(last=False)
-                    if move is not None:
-                        self._move_one(self._source(move[0]), move[1], move[2], changes)
-                    else:
-                        self._index_one(self._source(name), rel, force, changes,
-                                        prepared.get((name, rel)))
-                        done.append((name, rel))
-                    n += 1
-                self._commit(changes)
-            except BaseException:
-                self._pending_events.clear()  # nothing of a rolled-back batch is told
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+                content = loader.load(src, rel, self.cfg.max_file_bytes)
+            except sources.Vanished:
+                return Prepared("vanished")
+            except (sources.Unreadable, documents.NeedsTool) as e:
+                if isinstance(e, documents.NeedsTool):
+                    self.hints.add(str(e))
+                retry = getattr(e, "retry", True)
+                # An error of access (not of the content) is tried again at every scan.
+                return Prepared("skipped", reason=str(e), stat=(-1, 0) if retry else _stat(path),
+                                retry=retry)
+            row = store.file_row(self._db_for_reads(), src.name, rel)
+            if _unchanged(row, content, force):
+                return Prepared("unchanged", content)
+            return Prepared("index", content, self._records(content))
+        except Exception as e:
+            # A bug or an unexpected error on one file: recorded, the daemon goes on.
+            log.exception("failed to read %s/%s", src.name, sources.printable(rel))
+            return Prepared("failed", reason=f"{type(e).__name__}: {e}", stat=_stat(path))
+
+    def _db_for_reads(self):
+        """The connection for the prepare step's reads: the indexer's own on its thread, else
+        (the slow lane) one of the lane's own."""
+        if threading.get_ident() == self._ident:
+            return self._db
+        if self._lane_db is None:
+            self._lane_db = store.connect(self.db_path)
+        return self._lane_db
+
+    def _take(self, live: bool) -> Item | None:
+        """The next path or move of the queue (None when empty, stopping or a scan waits)."""
+        with self._cv:
+            while True:
+                if self._stop.is_set() or self._scans or self._jobs:
+                    return None
+                if self._ready:
+                    return self._ready.pop(0)
+                if self._moves:
+                    name, old, new = self._moves.pop(0)
+                    return Item(name, new, old=old)
+                if not self._paths:
+                    return None
+                (name, rel), force = self._paths.popitem(last=False)
+                key = (name, rel)
+                if key in self._slow:  # being read on the slow lane: again after it
+                    self._slow[key] = True
+                    continue
+                src = self._source(name)
+                if src is not None and loader.is_slow(rel):
+                    self._slow[key] = False
+                    self._slow_lane.submit(self._prepare_slow, src, rel, force)
+                    continue
+                return Item(name, rel, force)
+
+    def _prepare_slow(self, src: Source, rel: str, force: bool) -> None:
+        prepared = self._prepare(src, rel, force)
+        with self._cv:
+            self._ready.append(Item(src.name, rel, force, prepared=prepared))
+            self._cv.notify_all()
+
+    def _drain(self) -> None:
+        """Index queued paths in batches until the queue is empty or a scan or job waits."""
+        while True:
             with self._cv:
-                for key in done:  # committed: no longer waiting (unless asked for again)
+                live = (self.listener is not None and self.listener.wants_changes
+                        and not (self._moves or self._scans or self._ready)
+                        and len(self._paths) <= LIVE_FILES)
+            batch: list[Item] = []
+            started = time.monotonic()
+            while len(batch) < BATCH_FILES and time.monotonic() - started < BATCH_SECONDS:
+                item = self._take(live)
+                if item is None:
+                    break
+                self._prepare_item(item, live)
+                batch.append(item)
+            if not batch:
+                return
+            try:
+                self._write(batch)
+            except Exception as e:
+                self._requeue(batch)
+                if store.transient(e):
+                    self._paused(e)
+                    return
+                raise
+            self._resumed()
+            with self._cv:
+                for item in batch:  # committed: no longer waiting (unless asked for again)
+                    key = (item.source, item.rel)
                     if key not in self._paths:
                         self._since.pop(key, None)
+                    if self._slow.pop(key, False):  # asked for again while on the slow lane
+                        self._paths[key] = self._paths.get(key, False)
                 self._cv.notify_all()
-                if self._stop or not (self._paths or self._moves) or self._scans:
-                    return
+
+    def _prepare_item(self, item: Item, live: bool) -> None:
+        src = self._source(item.source)
+        if src is None:
+            item.prepared = Prepared("dropped")
+            return
+        if item.prepared is None:
+            item.prepared = self._prepare(src, item.rel, item.force)
+        if item.old is not None:
+            item.old_prepared = self._prepare(src, item.old, False)
+        p = item.prepared
+        if live and p.kind == "index" and item.old is None:
+            try:
+                p.vectors = self.listener.embed_now(self._db, p.records)
+            except Exception:
+                log.exception("embedding an edit before its commit failed; left to the "
+                              "embedder thread")
+
+    def _requeue(self, batch: list[Item]) -> None:
+        """The batch was rolled back: its work goes back to the front of the queue."""
+        with self._cv:
+            paths = OrderedDict()
+            for item in batch:
+                if item.old is not None:
+                    self._moves.insert(0, (item.source, item.old, item.rel))
+                elif (item.source, item.rel) in self._slow:
+                    self._slow.pop((item.source, item.rel))
+                    paths[(item.source, item.rel)] = item.force
+                else:
+                    paths[(item.source, item.rel)] = item.force
+            for key, force in self._paths.items():
+                paths[key] = paths.get(key, False) or force
+            self._paths = paths
+            self._cv.notify_all()
+
+    def _write(self, batch: list[Item]) -> None:
+        changes = store.Changes() if self._tracking else None
+        store.begin(self._db, self._stop)
+        try:
+            for item in batch:
+                self._apply(item, changes)
+            self._commit(changes)
+        except BaseException:
+            self._abort()
+            raise
+
+    def _abort(self) -> None:
+        self._pending_events.clear()  # nothing of a rolled-back batch is told
+        store.rollback(self._db)
+
+    def _apply(self, item: Item, changes: store.Changes | None) -> None:
+        """Write one item in a savepoint of its own: an error of its own is recorded against
+        the file and the batch goes on; an error of the database is raised (the batch rolls
+        back and is retried)."""
+        src = self._source(item.source)
+        if src is None or item.prepared.kind == "dropped":
+            return
+        db = self._db
+        mine = store.Changes() if changes is not None else None
+        db.execute("SAVEPOINT item")
+        try:
+            if item.old is not None:
+                self._move_one(src, item, mine)
+            else:
+                self._index_one(src, item.rel, item.prepared, mine)
+            db.execute("RELEASE item")
+        except Exception as e:
+            db.execute("ROLLBACK TO item")
+            db.execute("RELEASE item")
+            if store.transient(e):
+                raise
+            log.exception("failed to index %s/%s", src.name, sources.printable(item.rel))
+            self._record_failed(src, item.rel, f"{type(e).__name__}: {e}", mine)
+        if changes is not None:
+            changes.extend(mine)
+
+    def _record_failed(self, src: Source, rel: str, reason: str,
+                       changes: store.Changes | None) -> None:
+        db = self._db
+        size, mtime_ns = _stat(src.root / rel)
+        mine = store.Changes() if changes is not None else None
+        db.execute("SAVEPOINT failed")
+        try:
+            store.put_file(db, src.name, rel, size, mtime_ns, None, "failed", reason, [], mine)
+            db.execute("RELEASE failed")
+        except Exception as e:
+            db.execute("ROLLBACK TO failed")
+            db.execute("RELEASE failed")
+            if store.transient(e):
+                raise
+            log.exception("cannot record %s/%s as failed; it is left out",
+                          src.name, sources.printable(rel))
+            return
+        if changes is not None:
+            changes.extend(mine)
+        self.stats.files_failed += 1
+        self._state(src.name).last_error = f"{sources.printable(rel)}: {reason}"
+        self._emit("failed", src.name, rel, reason=reason)
 
     @property
     def _tracking(self) -> bool:
@@ -314,133 +640,112 @@ class Indexer:
         if self.events is not None:
             for kind, source, rel, fields in events:
                 src = self.cfg.source(source)
-                self.events.publish(kind, source=source, path=str(src.root / rel) if src else rel,
+                path = str(src.root / rel) if src else rel
+                self.events.publish(kind, source=source, path=sources.printable(path),
                                     **fields)
 
     def _commit(self, changes: store.Changes | None) -> None:
-        try:
-            self._commit_db(changes)
-        finally:
-            self._publish()
-
-    def _commit_db(self, changes: store.Changes | None) -> None:
         if changes is None or self.listener is None:
             self._db.execute("COMMIT")
+        else:
+            with self.listener.sync:
+                self._db.execute("COMMIT")
+                if changes.removed or changes.added:
+                    try:
+                        self.listener.chunks_changed(self._db, changes.removed, changes.added)
+                    except Exception:  # committed; the vectors catch up at the next start
+                        log.exception("updating the vectors after a commit failed")
+        self._publish()
+
+    def _move_one(self, src: Source, item: Item, changes: store.Changes | None) -> None:
+        """item.old was renamed or moved to item.rel. If the content is the same, the file row
+        and its chunks move with it (ids, embed hashes and so vectors unchanged: nothing is
+        embedded); only the heading path and keywords are refreshed. Otherwise: index the new
+        path, and forget the old one if it is gone."""
+        db = self._db
+        old, new, p = item.old, item.rel, item.prepared
+        row = store.file_row(db, src.name, old)
+        if row is not None and row["status"] == "indexed" and p.content is not None \
+                and p.content.hash == row["hash"]:
+            pieces = chunker.chunk_doc(p.content.doc, self.cfg.chunk_tokens,
+                                       self.cfg.chunk_overlap)
+            olds = db.execute("SELECT id, body, line_start, line_end FROM chunks WHERE "
+                              "file_id = ? ORDER BY ordinal", (row["id"],)).fetchall()
+            if _same_chunks(olds, pieces):
+                target = store.file_row(db, src.name, new)
+                if target is not None and target["id"] != row["id"]:  # moved over a file
+                    store.delete_file(db, target["id"], changes)
+                db.execute("UPDATE files SET relpath = ?, size = ?, mtime_ns = ?, meta = ?, "
+                           "indexed_at = ? WHERE id = ?",
+                           (store.db_rel(new), p.content.size, p.content.mtime_ns,
+                            json.dumps(p.content.doc.meta(), ensure_ascii=False), time.time(),
+                            row["id"]))
+                db.executemany("UPDATE chunks SET heading = ?, keywords = ? WHERE id = ?",
+                               [(q.heading, q.keywords, o["id"]) for o, q in zip(olds, pieces)])
+                self.stats.files_moved += 1
+                self._emit("moved", src.name, new,
+                           from_path=sources.printable(str(src.root / old)))
+                return
+        if p.kind == "unchanged":  # unchanged against a row already at the new path
+            p = Prepared("index", p.content, self._records(p.content))
+        self._index_one(src, new, p, changes)
+        self._index_one(src, old, item.old_prepared, changes)  # removed if it is gone
+
+    def _index_one(self, src: Source, rel: str, p: Prepared,
+                   changes: store.Changes | None) -> None:
+        # The stat stored is the one the content was read with: a file that changed again
+        # since is read again at its next event or scan.
+        db = self._db
+        row = store.file_row(db, src.name, rel)
+        if p.kind == "vanished":
+            if row is not None:
+                store.delete_file(db, row["id"], changes)
+                self.stats.files_removed += 1
+                self._emit("removed", src.name, rel)
             return
-        with self.listener.sync:
-            self._db.execute("COMMIT")
-            if changes.removed or changes.added:
-                self.listener.chunks_changed(self._db, changes.removed, changes.added)
-
-    def _move_one(self, src: Source, old: str, new: str, batch: store.Changes | None) -> None:
-        """old was renamed or moved to new. If the content is the same, the file row and its
-        chunks move with it (ids, embed hashes and so vectors unchanged: nothing is embedded);
-        only the heading path and keywords are refreshed. Otherwise: index new, forget old."""
-        db = self._db
-        row = db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
-                         (src.name, old)).fetchone()
-        moved = False
-        if row is not None and row["status"] == "indexed":
-            try:
-                content = loader.load(src, new, self.cfg.max_file_bytes)
-            except (sources.Unreadable, documents.NeedsTool):
-                content = None
-            if content is not None and content.hash == row["hash"]:
-                pieces = chunker.chunk_doc(content.doc, self.cfg.chunk_tokens,
-                                           self.cfg.chunk_overlap)
-                olds = db.execute("SELECT id, body, line_start, line_end FROM chunks WHERE "
-                                  "file_id = ? ORDER BY ordinal", (row["id"],)).fetchall()
-                if _same_chunks(olds, pieces):
-                    db.execute("SAVEPOINT move")
-                    target = db.execute("SELECT id FROM files WHERE source = ? AND relpath = ?",
-                                        (src.name, new)).fetchone()
-                    if target is not None:  # moved over an existing file
-                        store.delete_file(db, target["id"], batch)
-                    db.execute("UPDATE files SET relpath = ?, size = ?, mtime_ns = ?, meta = ?, "
-                               "indexed_at = ? WHERE id = ?",
-                               (new, content.size, content.mtime_ns,
-                                json.dumps(content.doc.meta(), ensure_ascii=False), time.time(),
-                                row["id"]))
-                    db.executemany("UPDATE chunks SET heading = ?, keywords = ? WHERE id = ?",
-                                   [(p.heading, p.keywords, o["id"]) for o, p in zip(olds, pieces)])
-                    db.execute("RELEASE move")
-                    moved = True
-                    self.stats.files_moved += 1
-                    self._emit("moved", src.name, new, from_path=str(src.root / old))
-        if not moved:
-            self._index_one(src, new, False, batch)
-            self._index_one(src, old, False, batch)  # gone: removes its row
-
-    def _index_one(self, src: Source, rel: str, force: bool,
-                   batch: store.Changes | None, prepared: Prepared | None = None) -> None:
-        path = src.root / rel
-        db = self._db
-        if prepared is not None and _stat(path) != (prepared.content.size,
-                                                    prepared.content.mtime_ns):
-            prepared = None  # changed again since it was read: read it again
-        changes = store.Changes() if batch is not None else None
-        row = db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
-                         (src.name, rel)).fetchone()
-        db.execute("SAVEPOINT file")
-        try:
-            try:
-                content = (prepared.content if prepared is not None
-                           else loader.load(src, rel, self.cfg.max_file_bytes))
-            except (sources.Unreadable, documents.NeedsTool) as e:
-                if str(e) == "file vanished":
-                    if row is not None:
-                        store.delete_file(db, row["id"], changes)
-                        self.stats.files_removed += 1
-                        self._emit("removed", src.name, rel)
-                else:
-                    size, mtime_ns = _stat(path)
-                    store.put_file(db, src.name, rel, size, mtime_ns, None, "skipped", str(e), [],
-                                   changes)
-                    self.stats.files_skipped += 1
-                    log.info("skipped %s/%s: %s", src.name, rel, e)
-                    self._emit("skipped", src.name, rel, reason=str(e))
-                db.execute("RELEASE file")
-                if batch is not None:
-                    batch.extend(changes)
-                return
-            if _unchanged(row, content, force):
+        if p.kind == "skipped" and p.retry and row is not None and row["status"] == "indexed":
+            # It could not be read just now (permission, I/O, a helper program): what was
+            # indexed stays searchable; the next change or scan tries again.
+            db.execute("UPDATE files SET reason = ? WHERE id = ?",
+                       (f"kept from an earlier read; reading it now failed: {p.reason}",
+                        row["id"]))
+            log.info("%s/%s could not be read (%s); keeping what was indexed", src.name,
+                     sources.printable(rel), p.reason)
+            self._emit("skipped", src.name, rel, reason=p.reason, kept=True)
+            return
+        if p.kind in ("skipped", "failed"):
+            size, mtime_ns = p.stat
+            store.put_file(db, src.name, rel, size, mtime_ns, None, p.kind, p.reason, [],
+                           changes)
+            if p.kind == "skipped":
+                self.stats.files_skipped += 1
+                log.info("skipped %s/%s: %s", src.name, sources.printable(rel), p.reason)
+            else:
+                self.stats.files_failed += 1
+                self._state(src.name).last_error = f"{sources.printable(rel)}: {p.reason}"
+            self._emit(p.kind, src.name, rel, reason=p.reason)
+            return
+        content = p.content
+        if p.kind == "unchanged":
+            if row is not None:
                 store.touch_file(db, row["id"], content.size, content.mtime_ns)
-                self.stats.files_unchanged += 1
-                db.execute("RELEASE file")
-                return
-            doc = content.doc
-            records = (prepared.records if prepared is not None and prepared.records is not None
-                       else self._records(content))
-            embedded = None
-            if prepared is not None and prepared.vectors is not None:
-                self.listener.put_vectors(db, *prepared.vectors)  # in this transaction
-                embedded = len(prepared.vectors[1])
-            store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
-                           "indexed", "; ".join(doc.warnings) or None, records, changes,
-                           meta=json.dumps(doc.meta(), ensure_ascii=False))
-            db.execute("RELEASE file")
-            if batch is not None:
-                batch.extend(changes)
-            self.stats.files_indexed += 1
-            self.stats.chunks_written += len(records)
-            if embedded is None:
-                self._emit("indexed", src.name, rel, chunks=len(records))
-            else:  # its vectors committed with it
-                self._emit("indexed", src.name, rel, chunks=len(records), embedded=embedded)
-        except Exception as e:
-            # A bug or an unexpected error on one file: record it, keep the daemon going.
-            db.execute("ROLLBACK TO file")
-            db.execute("RELEASE file")
-            log.exception("failed to index %s/%s", src.name, rel)
-            size, mtime_ns = _stat(path)
-            changes = store.Changes() if batch is not None else None
-            store.put_file(db, src.name, rel, size, mtime_ns, None, "failed",
-                           f"{type(e).__name__}: {e}", [], changes)
-            if batch is not None:
-                batch.extend(changes)
-            self.stats.files_failed += 1
-            self.stats.per_source[src.name].last_error = f"{rel}: {type(e).__name__}: {e}"
-            self._emit("failed", src.name, rel, reason=f"{type(e).__name__}: {e}")
+            self.stats.files_unchanged += 1
+            return
+        doc = content.doc
+        records = p.records if p.records is not None else self._records(content)
+        embedded = None
+        if p.vectors is not None:
+            self.listener.put_vectors(db, *p.vectors)  # in this transaction
+            embedded = len(p.vectors[1])
+        store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
+                       "indexed", "; ".join(doc.warnings) or None, records, changes,
+                       meta=json.dumps(doc.meta(), ensure_ascii=False))
+        self.stats.files_indexed += 1
+        self.stats.chunks_written += len(records)
+        if embedded is None:
+            self._emit("indexed", src.name, rel, chunks=len(records))
+        else:  # its vectors committed with it
+            self._emit("indexed", src.name, rel, chunks=len(records), embedded=embedded)
 
 
 def _unchanged(row, content: loader.Loaded, force: bool) -> bool:
