@@ -23,10 +23,12 @@ an input the engine refuses is retried with backoff, then recorded with its reas
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -38,6 +40,7 @@ from ragd.engines.supervisor import Engine
 from ragd.index import store
 from ragd.index.vectors import VectorIndex, from_blob, to_blob
 from ragd.ingest.chunker import embed_text
+from ragd.workers import Worker
 
 log = logging.getLogger("ragd.embedder")
 
@@ -51,6 +54,7 @@ LIVE_TEXTS = 32  # at most this many new texts are embedded before an edit's com
 # readable), as embed_hash always said; v1 embedded the raw text.
 EMBED_TEXT_VERSION = 2
 SPECIAL_TOKENS = 4  # room left for [CLS]/[SEP] or BOS/EOS when truncating
+PAUSE_START, PAUSE_MAX = 1.0, 60.0  # backoff when the database cannot be written
 
 
 @dataclass
@@ -79,6 +83,15 @@ def fingerprint(db: sqlite3.Connection, model: ResolvedModel) -> str:
 
 
 class Embedder:
+    """The embedding queue and its thread.
+
+    Work is found by being told, never by scanning: when the space opens, one pass over the
+    chunks loads their vectors and lists the texts without one; after that each commit of the
+    indexer hands over the texts it added (chunks_changed). The queue (`_todo`, distinct text
+    hashes in order) is the count status shows, so status costs nothing, and an empty queue
+    leaves the thread asleep until a commit brings work or a retry falls due.
+    """
+
     def __init__(self, db_path, engine: Engine, model: ResolvedModel, *, dtype: str = "float32",
                  batch_tokens: int = 1024, sync: threading.Lock | None = None):
         self.db_path = db_path
@@ -91,68 +104,65 @@ class Embedder:
         self.space_note: str | None = None  # e.g. "model changed: re-embedding"
         self.stats = EmbedStats()
         self.state = "waiting for engine"
+        self.problem: str | None = None  # why embedding is paused (the database failed)
         # Orders matrix updates against the indexer's commits (Indexer.listener).
         self.sync = sync or threading.Lock()
-        self._wake = threading.Event()
+        self._cv = threading.Condition()
+        self._todo: OrderedDict[str, None] = OrderedDict()  # text hashes without a vector
+        self._retry: list[tuple[float, str]] = []  # (when, text hash): refused once, try again
+        self._inflight = 0  # hashes taken off the queue, not yet stored
+        self._pause = PAUSE_START
         self._stop = threading.Event()
-        self._idle = threading.Event()
-        self._pending: tuple[float, int] | None = None
-        self._changed = 0.0  # monotonic time of the last notify
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="embedder-tokenize")
-        self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
+        self.worker = Worker("embedder", self._run)
 
     # -- control -----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self.worker.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
-        self._thread.join(30)
+        with self._cv:
+            self._cv.notify_all()
+        self.worker.stop(30)
         self._prefetch.shutdown(wait=False, cancel_futures=True)
 
-    def notify(self) -> None:
-        self._changed = time.monotonic()
-        self._idle.clear()
-        self._wake.set()
-
-    @property
-    def status(self) -> str:
-        """The thread's state; "idle" only while it has nothing to do (between a notify and the
-        thread's next look at the queue it is "embedding")."""
-        state = self.state
-        return "embedding" if state == "idle" and not self._idle.is_set() else state
-
-    def wait_idle(self, timeout: float) -> bool:
-        return self._idle.wait(timeout)
+    def _busy(self) -> bool:  # with self._cv held
+        return bool(self._todo or self._retry or self._inflight) or self.space is None
 
     @property
     def idle(self) -> bool:
-        return self._idle.is_set()
+        """Every chunk text has a vector (or was given up on): nothing queued, in flight or
+        waiting for a retry."""
+        with self._cv:
+            return not self._busy()
 
-    def pending(self, db: sqlite3.Connection, max_age: float = 1.0) -> int:
-        """Distinct chunk texts still without a vector in the current space. Counting costs a
-        lookup per chunk, so a count younger than max_age seconds is reused (status is polled);
-        when the embedder has just found no work it is exactly 0."""
-        if self._idle.is_set():
-            return 0
-        cached = self._pending
-        if (cached is not None and time.monotonic() - cached[0] < max_age
-                and cached[0] > self._changed):  # not older than the last change
-            return cached[1]
-        n = self._count_pending(db)
-        self._pending = (time.monotonic(), n)
-        return n
+    @property
+    def status(self) -> str:
+        if self.problem:
+            return f"paused: {self.problem}"
+        if self.worker.state not in ("running", "new"):
+            return self.worker.state
+        return self.state
 
-    def _count_pending(self, db: sqlite3.Connection) -> int:
-        if self.space is None:
-            return db.execute("SELECT COUNT(DISTINCT embed_hash) FROM chunks").fetchone()[0]
-        return db.execute(
-            "SELECT COUNT(DISTINCT c.embed_hash) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM "
-            "embeddings e WHERE e.space = ? AND e.text_hash = c.embed_hash) AND NOT EXISTS "
-            "(SELECT 1 FROM embed_failures f WHERE f.space = ? AND f.text_hash = c.embed_hash "
-            "AND f.attempts >= ?)", (self.space, self.space, MAX_ATTEMPTS)).fetchone()[0]
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._busy():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def pending(self, db: sqlite3.Connection | None = None) -> int | None:
+        """Distinct chunk texts still without a vector in the current space (None until the
+        space is open and they have been listed). O(1): the length of the queue."""
+        with self._cv:
+            if self.space is None:
+                return None
+            return len(self._todo) + len(self._retry) + self._inflight
 
     # -- called by the indexer after each commit (under self.sync) ------------------------------
 
@@ -161,31 +171,42 @@ class Embedder:
     def chunks_changed(self, db: sqlite3.Connection, removed: list[int],
                        added: list[tuple[int, str]]) -> None:
         vi = self.vectors
-        if vi is None:
+        if vi is None:  # the space is not open yet: its opening pass will see these chunks
             return
         vi.remove(removed)
-        missing = False
-        if added:
-            by_hash: dict[str, list[int]] = {}
-            for cid, h in added:
-                by_hash.setdefault(h, []).append(cid)
-            hashes = list(by_hash)
-            for i in range(0, len(hashes), 500):
-                part = hashes[i:i + 500]
-                rows = db.execute(f"SELECT text_hash, vector FROM embeddings WHERE space = ? AND "
-                                  f"text_hash IN ({','.join('?' * len(part))})",
-                                  [self.space, *part]).fetchall()
-                ids, vecs = [], []
-                for h, blob in rows:
-                    v = from_blob(blob)
-                    for cid in by_hash[h]:
-                        ids.append(cid)
-                        vecs.append(v)
-                if ids:
-                    vi.add(ids, np.vstack(vecs))
-                missing = missing or len(rows) < len(part)
-        if missing:  # texts without a vector: work for the thread (else it stays idle, and the
-            self.notify()  # next edit can be embedded before its commit)
+        if not added:
+            return
+        by_hash: dict[str, list[int]] = {}
+        for cid, h in added:
+            by_hash.setdefault(h, []).append(cid)
+        found = self._add_cached(db, by_hash)
+        missing = [h for h in by_hash if h not in found]
+        if missing:
+            with self._cv:
+                for h in missing:
+                    self._todo[h] = None
+                self._cv.notify_all()
+
+    def _add_cached(self, db: sqlite3.Connection, by_hash: dict[str, list[int]]) -> set[str]:
+        """Put the cached vectors of these texts into the matrix for these chunks; return the
+        hashes that had one. Caller holds self.sync."""
+        found: set[str] = set()
+        hashes = list(by_hash)
+        for i in range(0, len(hashes), 500):
+            part = hashes[i:i + 500]
+            rows = db.execute(f"SELECT text_hash, vector FROM embeddings WHERE space = ? AND "
+                              f"text_hash IN ({','.join('?' * len(part))})",
+                              [self.space, *part]).fetchall()
+            ids, vecs = [], []
+            for h, blob in rows:
+                found.add(h)
+                v = from_blob(blob)
+                for cid in by_hash[h]:
+                    ids.append(cid)
+                    vecs.append(v)
+            if ids:
+                self.vectors.add(ids, np.vstack(vecs))
+        return found
 
     # -- called by the indexer before a file's transaction ------------------------------------------
 
@@ -195,17 +216,13 @@ class Embedder:
         for now (no space yet, engine not ready, a backlog, too many texts, an engine error):
         the embedder thread will do it after the commit, as for bulk work."""
         space = self.space
-        if space is None or not self._idle.is_set() or not self.engine.ready:
+        if space is None or not self.idle or not self.engine.ready:
             return None
         todo: dict[str, str] = {}
         for c in chunks:
             todo.setdefault(c.embed_hash, self.model.doc_prefix + embed_text(c.heading, c.body))
-        hashes = list(todo)
-        for i in range(0, len(hashes), 500):
-            part = hashes[i:i + 500]
-            for (h,) in db.execute(f"SELECT text_hash FROM embeddings WHERE space = ? AND "
-                                   f"text_hash IN ({','.join('?' * len(part))})", [space, *part]):
-                del todo[h]
+        for h in self._cached(db, space, list(todo)):
+            del todo[h]
         if len(todo) > LIVE_TEXTS:
             return None
         if not todo:
@@ -234,13 +251,23 @@ class Embedder:
         self.stats.tokens += sum(n for _, _, n, _ in rows)
         self.stats.truncated += sum(tr for _, _, _, tr in rows)
 
+    @staticmethod
+    def _cached(db: sqlite3.Connection, space: int, hashes: list[str]) -> set[str]:
+        out: set[str] = set()
+        for i in range(0, len(hashes), 500):
+            part = hashes[i:i + 500]
+            out.update(h for (h,) in db.execute(
+                f"SELECT text_hash FROM embeddings WHERE space = ? AND text_hash IN "
+                f"({','.join('?' * len(part))})", [space, *part]))
+        return out
+
     # -- the embedder thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
         db = store.connect(self.db_path)
         try:
             while not self._stop.is_set():
-                if not self.engine.wait_ready(0.5):
+                if not self.engine.wait_ready(0.5 if self.engine.state != "failed" else 5.0):
                     self.state = ("engine failed" if self.engine.state == "failed"
                                   else "waiting for engine")
                     continue
@@ -248,25 +275,63 @@ class Embedder:
                     if self.space is None:
                         self.state = "loading vectors"
                         self._open_space(db)
-                    work = self._next_work(db)
-                    if not work:
-                        self.state = "idle"
-                        self._idle.set()
-                        self._wake.wait(5.0)
-                        self._wake.clear()
-                        continue
-                    self._idle.clear()
-                    self.state = "embedding"
-                    self._embed(db, work)
+                    work = self._take()
+                    if work:
+                        self.state = "embedding"
+                        self._embed(db, work)
+                    self._resumed()
                 except EngineUnavailable as e:
                     log.info("embedding paused: %s", e)
                     self._stop.wait(0.2)
-        except Exception:
-            log.exception("embedder thread died")
-            self.state = "crashed (see the log)"
-            raise
+                except sqlite3.OperationalError as e:
+                    if not store.transient(e):
+                        raise
+                    self._paused(e)
         finally:
             db.close()
+
+    def _paused(self, e: BaseException) -> None:
+        self.problem = f"the index cannot be written ({e}); retrying in {self._pause:.0f} s"
+        log.warning("embedder: %s", self.problem)
+        self._stop.wait(self._pause)
+        self._pause = min(self._pause * 2, PAUSE_MAX)
+
+    def _resumed(self) -> None:
+        if self.problem is not None:
+            log.info("embedder: the index can be written again")
+            self.problem = None
+        self._pause = PAUSE_START
+
+    def _take(self) -> list[str]:
+        """The next hashes to embed; sleeps (no polling) while there are none."""
+        with self._cv:
+            while not self._stop.is_set():
+                now = time.time()
+                while self._retry and self._retry[0][0] <= now:
+                    self._todo[heapq.heappop(self._retry)[1]] = None
+                if self._todo:
+                    break
+                self.state = "idle" if not self._retry else "waiting to retry"
+                self._cv.notify_all()  # wait_idle
+                self._cv.wait(self._retry[0][0] - now if self._retry else None)
+            out = []
+            while self._todo and len(out) < WORK_BATCH:
+                out.append(self._todo.popitem(last=False)[0])
+            self._inflight += len(out)
+            return out
+
+    def _give_back(self, hashes: list[str]) -> None:
+        """Hashes taken but not stored (the engine went away): to the front of the queue."""
+        with self._cv:
+            for h in reversed(hashes):
+                self._todo[h] = None
+                self._todo.move_to_end(h, last=False)
+            self._cv.notify_all()
+
+    def _done(self, n: int) -> None:
+        with self._cv:
+            self._inflight -= n
+            self._cv.notify_all()
 
     def _open_space(self, db: sqlite3.Connection) -> None:
         fp = fingerprint(db, self.model)
@@ -281,18 +346,19 @@ class Embedder:
             drift = cos
         now = time.time()
         previous = db.execute("SELECT value FROM meta WHERE key = 'active_space'").fetchone()
-        if chosen is None:
-            chosen = db.execute(
-                "INSERT INTO spaces (fingerprint, model, dims, probe, created_at, last_used) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (fp, self.model.name, len(probe), to_blob(probe), now, now)).lastrowid
-            if drift is not None:
-                log.warning("model %s now embeds the probe differently (cosine %.4f with the "
-                            "stored probe): its old vectors are not used; re-embedding",
-                            self.model.name, drift)
-        db.execute("UPDATE spaces SET last_used = ? WHERE id = ?", (now, chosen))
-        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('active_space', ?)",
-                   (str(chosen),))
+        with store.transaction(db, self._stop):
+            if chosen is None:
+                chosen = db.execute(
+                    "INSERT INTO spaces (fingerprint, model, dims, probe, created_at, "
+                    "last_used) VALUES (?, ?, ?, ?, ?, ?)",
+                    (fp, self.model.name, len(probe), to_blob(probe), now, now)).lastrowid
+                if drift is not None:
+                    log.warning("model %s now embeds the probe differently (cosine %.4f with "
+                                "the stored probe): its old vectors are not used; re-embedding",
+                                self.model.name, drift)
+            db.execute("UPDATE spaces SET last_used = ? WHERE id = ?", (now, chosen))
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('active_space', ?)",
+                       (str(chosen),))
         if previous is not None and int(previous[0]) != chosen:
             self.space_note = (f"the embedding model changed (vector space {previous[0]} -> "
                                f"{chosen}); old vectors are not used, re-embedding in the "
@@ -300,28 +366,37 @@ class Embedder:
             log.warning("%s", self.space_note)
         t0 = time.monotonic()
         vi = VectorIndex(len(probe), self.dtype, chosen)
-        # Held through the load: a commit of the indexer between this read and the assignment
-        # would otherwise be missed by the matrix.
+        given_up = {h for (h,) in db.execute(
+            "SELECT text_hash FROM embed_failures WHERE space = ? AND attempts >= ?",
+            (chosen, MAX_ATTEMPTS))}
+        retry = [(last + (1 << attempts), h) for h, attempts, last in db.execute(
+            "SELECT text_hash, attempts, last_try FROM embed_failures WHERE space = ? AND "
+            "attempts < ?", (chosen, MAX_ATTEMPTS))]
+        later = {h for _, h in retry}
+        # One pass: the vectors of the chunks that have one, and the texts of those that do
+        # not. Held through the pass: a commit of the indexer between this read and the
+        # assignment would otherwise be missed by both.
+        todo: OrderedDict[str, None] = OrderedDict()
         with self.sync:
-            cur = db.execute("SELECT c.id, e.vector FROM chunks c JOIN embeddings e ON "
-                             "e.space = ? AND e.text_hash = c.embed_hash", (chosen,))
+            cur = db.execute("SELECT c.id, c.embed_hash, e.vector FROM chunks c LEFT JOIN "
+                             "embeddings e ON e.space = ? AND e.text_hash = c.embed_hash "
+                             "ORDER BY c.id", (chosen,))
             while rows := cur.fetchmany(20000):
-                vi.add([r[0] for r in rows], np.frombuffer(b"".join(r[1] for r in rows),
-                                                           dtype="<f4").reshape(len(rows), -1))
-            self.vectors, self.space = vi, chosen
-        log.info("vector space %d (%s, %d dims): %d vectors loaded in %.2fs", chosen,
-                 self.model.name, vi.dims, len(vi), time.monotonic() - t0)
-
-    def _next_work(self, db: sqlite3.Connection) -> list[tuple[str, str]]:
-        now = time.time()
-        rows = db.execute(
-            "SELECT c.embed_hash, c.heading, c.body FROM chunks c WHERE NOT EXISTS (SELECT 1 "
-            "FROM embeddings e WHERE e.space = ? AND e.text_hash = c.embed_hash) AND NOT EXISTS "
-            "(SELECT 1 FROM embed_failures f WHERE f.space = ? AND f.text_hash = c.embed_hash "
-            "AND (f.attempts >= ? OR f.last_try > ? - (1 << f.attempts))) "
-            "GROUP BY c.embed_hash ORDER BY MIN(c.id) LIMIT ?",
-            (self.space, self.space, MAX_ATTEMPTS, now, WORK_BATCH)).fetchall()
-        return [(r[0], self.model.doc_prefix + embed_text(r[1], r[2])) for r in rows]
+                have = [r for r in rows if r[2] is not None]
+                if have:
+                    vi.add([r[0] for r in have], np.frombuffer(
+                        b"".join(r[2] for r in have), dtype="<f4").reshape(len(have), -1))
+                for r in rows:
+                    if r[2] is None and r[1] not in given_up and r[1] not in later:
+                        todo[r[1]] = None
+            with self._cv:
+                self._todo = todo
+                self._retry = sorted(retry)
+                self.vectors, self.space = vi, chosen
+                self._cv.notify_all()
+        log.info("vector space %d (%s, %d dims): %d vectors loaded, %d texts to embed, in "
+                 "%.2fs", chosen, self.model.name, vi.dims, len(vi), len(todo),
+                 time.monotonic() - t0)
 
     def _fit(self, text: str) -> tuple[str, int, bool]:
         """(text, tokens, truncated): cut to the model's context, counted by the engine."""
@@ -333,22 +408,45 @@ class Embedder:
             return text, len(tokens), False
         return self.engine.client.detokenize(tokens[:limit]), limit, True
 
-    def _embed(self, db: sqlite3.Connection, work: list[tuple[str, str]]) -> None:
-        # Token counting runs ahead in a helper thread (its own engine connection), so the
-        # engine is not idle between embedding requests while we tokenize the next texts.
-        batch: list[tuple[str, str, int, bool]] = []
-        size = 0
-        fitted = self._prefetch.map(self._fit, [text for _, text in work])
-        for (h, _), (text, n, truncated) in zip(work, fitted):
-            if self._stop.is_set():
-                return
-            if batch and size + n > self.batch_tokens:
+    def _embed(self, db: sqlite3.Connection, hashes: list[str]) -> None:
+        """Embed these texts (the queue's hashes): those whose chunks are gone are dropped,
+        those already cached (an edit embedded them) only reach the matrix."""
+        done: set[str] = set()
+        try:
+            texts: dict[str, str] = {}
+            for i in range(0, len(hashes), 500):
+                part = hashes[i:i + 500]
+                for h, heading, body in db.execute(
+                        f"SELECT embed_hash, heading, body FROM chunks WHERE embed_hash IN "
+                        f"({','.join('?' * len(part))}) GROUP BY embed_hash", part):
+                    texts[h] = self.model.doc_prefix + embed_text(heading, body)
+            cached = self._cached(db, self.space, list(texts))
+            if cached:
+                self._to_matrix(db, {h: None for h in cached})
+            work = [(h, t) for h, t in texts.items() if h not in cached]
+            # Token counting runs ahead in a helper thread (its own engine connection), so the
+            # engine is not idle between embedding requests while we tokenize the next texts.
+            batch: list[tuple[str, str, int, bool]] = []
+            size = 0
+            fitted = self._prefetch.map(self._fit, [text for _, text in work])
+            done.update(set(hashes) - {h for h, _ in work})
+            for (h, _), (text, n, truncated) in zip(work, fitted):
+                if self._stop.is_set():
+                    break
+                if batch and size + n > self.batch_tokens:
+                    self._embed_batch(db, batch)
+                    done.update(b[0] for b in batch)
+                    batch, size = [], 0
+                batch.append((h, text, n, truncated))
+                size += n
+            if batch and not self._stop.is_set():
                 self._embed_batch(db, batch)
-                batch, size = [], 0
-            batch.append((h, text, n, truncated))
-            size += n
-        if batch:
-            self._embed_batch(db, batch)
+                done.update(b[0] for b in batch)
+        finally:
+            left = [h for h in hashes if h not in done]
+            if left:
+                self._give_back(left)
+            self._done(len(hashes))
 
     def _embed_batch(self, db: sqlite3.Connection, batch: list[tuple[str, str, int, bool]]) -> None:
         t0 = time.perf_counter()
@@ -363,34 +461,46 @@ class Embedder:
             return
         self.stats.seconds += time.perf_counter() - t0
         self.stats.requests += 1
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with store.transaction(db, self._stop):
             _insert_embeddings(db, self.space, [(h, v, n, tr)
                                                 for (h, _, n, tr), v in zip(batch, vecs)])
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        by_hash = {h: v for (h, _, _, _), v in zip(batch, vecs)}
-        with self.sync:
-            rows = db.execute(f"SELECT id, embed_hash FROM chunks WHERE embed_hash IN "
-                              f"({','.join('?' * len(by_hash))})", list(by_hash)).fetchall()
-            if rows and self.vectors is not None:
-                self.vectors.add([r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]))
+        self._to_matrix(db, {h: v for (h, _, _, _), v in zip(batch, vecs)})
         self.stats.texts += len(batch)
         self.stats.tokens += sum(n for _, _, n, _ in batch)
         self.stats.truncated += sum(tr for _, _, _, tr in batch)
+
+    def _to_matrix(self, db: sqlite3.Connection, by_hash: dict) -> None:
+        """Put these texts' vectors (given, or None: read from the cache) into the matrix for
+        every chunk that has the text."""
+        with self.sync:
+            rows = db.execute(f"SELECT id, embed_hash FROM chunks WHERE embed_hash IN "
+                              f"({','.join('?' * len(by_hash))})", list(by_hash)).fetchall()
+            missing = [h for h, v in by_hash.items() if v is None]
+            if missing:
+                for h, blob in db.execute(
+                        f"SELECT text_hash, vector FROM embeddings WHERE space = ? AND "
+                        f"text_hash IN ({','.join('?' * len(missing))})", [self.space, *missing]):
+                    by_hash[h] = from_blob(blob)
+            rows = [r for r in rows if by_hash.get(r[1]) is not None]
+            if rows and self.vectors is not None:
+                self.vectors.add([r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]))
 
     def _record_failure(self, db: sqlite3.Connection, h: str, reason: str) -> None:
         row = db.execute("SELECT attempts FROM embed_failures WHERE space = ? AND text_hash = ?",
                          (self.space, h)).fetchone()
         attempts = (row[0] if row else 0) + 1
-        db.execute("INSERT OR REPLACE INTO embed_failures (space, text_hash, reason, attempts, "
-                   "last_try) VALUES (?, ?, ?, ?, ?)", (self.space, h, reason, attempts, time.time()))
+        now = time.time()
+        with store.transaction(db, self._stop):
+            db.execute("INSERT OR REPLACE INTO embed_failures (space, text_hash, reason, "
+                       "attempts, last_try) VALUES (?, ?, ?, ?, ?)",
+                       (self.space, h, reason, attempts, now))
         if attempts >= MAX_ATTEMPTS:
             self.stats.failed += 1
             log.warning("giving up embedding a text (%s) after %d attempts: %s", h, attempts,
                         reason)
+        else:
+            with self._cv:
+                heapq.heappush(self._retry, (now + (1 << attempts), h))
 
 
 def _insert_embeddings(db: sqlite3.Connection, space: int, rows: list) -> None:
