@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -211,19 +212,33 @@ def do_sources(args) -> int:
 
 def do_files(args) -> int:
     kw = {k: getattr(args, k) for k in ("source", "status") if getattr(args, k)}
-    res = call(args, "files", **kw)
-
-    def human(res):
-        for f in res["files"]:
-            why = f"  ({f['reason']})" if f["reason"] else ""
-            print(f"{f['status']:<8} {f['chunks']:>4} chunks  {f['path']}{why}")
-        counts: dict[str, int] = {}
-        for f in res["files"]:
-            counts[f["status"]] = counts.get(f["status"], 0) + 1
+    counts: dict[str, int] = {}
+    every: list[dict] = []
+    with connect(args) as c:
+        after = None
+        while True:  # page by page: a vault of any size fits the frame limit
+            page = c.call("files", **kw, **({"after": after} if after else {}))
+            for f in page["files"]:
+                counts[f["status"]] = counts.get(f["status"], 0) + 1
+                if args.json:
+                    every.append(f)
+                else:
+                    why = f"  ({_one_line(f['reason'])})" if f["reason"] else ""
+                    print(f"{f['status']:<8} {f['chunks']:>4} chunks  {_one_line(f['path'])}{why}")
+            after = page.get("next")
+            if not after:
+                break
+    if args.json:
+        print(json.dumps({"files": every}, ensure_ascii=False))
+    else:
         print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no files")
-
-    emit(args, res, human)
     return 0
+
+
+def _one_line(text: str) -> str:
+    """A name or reason on one terminal line: control characters (a newline in a file name)
+    shown escaped."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def do_watch(args) -> int:
@@ -362,10 +377,28 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _stdout_closed() -> bool:
+    """Has the reader of our stdout gone away (`ragctl files | head`)?"""
+    try:
+        fd = sys.stdout.fileno()
+        p = select.poll()
+        p.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in p.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError as e:
+        if _stdout_closed():  # not an error: the reader had enough
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so the exit flush does not complain
+            return 0
+        print(f"ragctl: lost the connection to ragd: {e}", file=sys.stderr)
+        return 1
     except Fail as e:
         print(f"ragctl: {e}", file=sys.stderr)
         return e.code

@@ -106,6 +106,24 @@ def main(argv=None) -> int:
         os.close(lock_fd)
 
 
+def schedule_gc(indexer: Indexer, cfg: config.Config, first: float) -> None:
+    """Sweep the embedding cache every [gc] interval_hours, as a job of the indexer (the
+    index's writer)."""
+    def sweep(db) -> None:
+        try:
+            res = gc.sweep(db, cfg.gc_grace_hours * 3600)
+            if res.deleted or res.marked:
+                log.info("gc: %d cache entries deleted (%d bytes), %d newly unused, %d waiting "
+                         "out the grace period", res.deleted, res.bytes_freed, res.marked,
+                         res.waiting)
+        except Exception:
+            log.exception("gc sweep failed")
+        finally:
+            indexer.call_later(cfg.gc_interval_hours * 3600, lambda: indexer.run_job(sweep))
+
+    indexer.call_later(first, lambda: indexer.run_job(sweep))
+
+
 def run(cfg: config.Config, background: bool) -> int:
     t0 = time.monotonic()
     log.info("ragd %s starting (pid %d, data dir %s, config %s)", __version__, os.getpid(),
@@ -145,19 +163,8 @@ def run(cfg: config.Config, background: bool) -> int:
             ops.watcher.start()
         log.info("ready in %.3fs; indexing %d source(s) in the background",
                  time.monotonic() - t0, len(cfg.sources))
-        next_gc = time.monotonic() + 60  # first sweep a minute after start
-        while not stop.wait(1.0):
-            if time.monotonic() >= next_gc:
-                next_gc = time.monotonic() + cfg.gc_interval_hours * 3600
-                try:
-                    with ops.reads.conn() as db:
-                        res = gc.sweep(db, cfg.gc_grace_hours * 3600)
-                    if res.deleted or res.marked:
-                        log.info("gc: %d cache entries deleted (%d bytes), %d newly unused, "
-                                 "%d waiting out the grace period", res.deleted, res.bytes_freed,
-                                 res.marked, res.waiting)
-                except Exception:
-                    log.exception("gc sweep failed")
+        schedule_gc(indexer, cfg, first=60.0)
+        stop.wait()  # signals and `ragctl stop` set it; nothing polls
         log.info("stopping")
     finally:
         ops.stopping.set()
@@ -166,6 +173,7 @@ def run(cfg: config.Config, background: bool) -> int:
             ops.watcher.stop()
         indexer.stop()
         engines.stop()
+        ops.reads.close()
         log.info("stopped")
     return 0
 

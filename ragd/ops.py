@@ -7,6 +7,7 @@ Every op declares its arguments in ARGS (name -> type, default; REQUIRED for non
 
 from __future__ import annotations
 
+import base64
 import os
 import queue
 import sqlite3
@@ -15,11 +16,14 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable
 
-from ragd import __version__
+import msgpack
+
+from ragd import __version__, workers
 from ragd import protocol as P
 from ragd.config import Config
 from ragd.index import gc, store
 from ragd.index.indexer import Indexer
+from ragd.ingest.sources import printable
 from ragd.search.hybrid import MODES, Searcher
 from ragd.engines import download, models
 from ragd.server import AfterReply, OpError, Stream
@@ -33,7 +37,8 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, None),
                "sources": (list, None), "rerank": (bool, None), "wait": ((int, float), 0)},
     "reindex": {"source": (str, None)},
-    "files": {"source": (str, None), "status": (str, None), "limit": (int, 100000)},
+    "files": {"source": (str, None), "status": (str, None), "limit": (int, 1000),
+              "after": (str, None)},
     "gc": {"grace_hours": ((int, float), None)},
     "events": {},
     "models": {},
@@ -65,22 +70,38 @@ def check_args(op: str, args: dict) -> dict:
 
 
 class ReadPool:
-    """Read connections for request threads (WAL: readers never wait for the writer)."""
+    """Read connections for request threads (WAL: readers never wait for the writer). At most
+    `keep` idle connections are kept; a burst of requests opens more, closed when returned."""
 
-    def __init__(self, path):
+    def __init__(self, path, keep: int = 8):
         self.path = path
-        self._free: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+        self.keep = keep
+        self._free: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
 
     @contextmanager
     def conn(self):
-        try:
-            db = self._free.get_nowait()
-        except queue.Empty:
+        with self._lock:
+            db = self._free.pop() if self._free else None
+        if db is None:
             db = store.connect(self.path)
         try:
             yield db
         finally:
-            self._free.put(db)
+            if db.in_transaction:  # a read interrupted mid-way
+                db.rollback()
+            with self._lock:
+                if len(self._free) < self.keep:
+                    self._free.append(db)
+                    db = None
+            if db is not None:
+                db.close()
+
+    def close(self) -> None:
+        with self._lock:
+            free, self._free = self._free, []
+        for db in free:
+            db.close()
 
 
 class Ops:
@@ -123,9 +144,7 @@ class Ops:
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self.engines.status(db)
-            hints = [r[0] for r in db.execute(
-                "SELECT DISTINCT reason FROM files WHERE status = 'skipped' AND reason LIKE "
-                "'PDF skipped: pdftotext is not installed%'")]
+        hints = sorted(self.indexer.hints)
         per_source = []
         for s in self.cfg.sources:
             c = counts.get(s.name, {})
@@ -135,6 +154,7 @@ class Ops:
                 "files": c.get("indexed", 0), "skipped": c.get("skipped", 0),
                 "failed": c.get("failed", 0), "chunks": c.get("chunks", 0),
                 "scanning": st.scanning, "last_scan": st.last_scan, "last_error": st.last_error,
+                "unlisted": [printable(d) for d in sorted(st.unlisted)],
                 "watched": self.watcher is not None and s.name not in self.watcher.errors,
                 "watch_error": self.watcher.errors.get(s.name) if self.watcher else None,
                 "last_event": self.watcher.last_event.get(s.name) if self.watcher else None,
@@ -146,8 +166,9 @@ class Ops:
             "uptime_s": round(time.time() - self.started, 3),
             "data_dir": str(self.cfg.data_dir), "socket": str(self.cfg.socket),
             "config": str(self.cfg.path) if self.cfg.path else None,
-            "pending": pending, "idle": idle,
+            "pending": pending, "idle": idle, "indexer": self.indexer.state,
             "sources": per_source, "engines": engines, "hints": hints,
+            "threads": workers.all_status(),
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,
                        "files_removed": s.files_removed, "files_moved": s.files_moved,
@@ -216,17 +237,17 @@ class Ops:
         rows = {r["id"]: r for r in db.execute(
             "SELECT c.id, c.heading, c.line_start, c.line_end, c.text, f.source, f.relpath, "
             f"f.indexed_at, f.size, f.mtime_ns FROM chunks c JOIN files f ON f.id = c.file_id "
-            f"WHERE c.id IN "
-            f"({','.join('?' * len(ids))})", ids)}
+            f"WHERE c.id IN ({','.join('?' * len(ids))})", ids)}
         out = []
         for cid, score, parts in ranked:
             r = rows.get(cid)
             if r is None:  # deleted between the ranking and this read
                 continue
             src = self.cfg.source(r["source"])
-            path = src.root / r["relpath"] if src else None
+            rel = store.fs_rel(r["relpath"])
+            path = src.root / rel if src else None
             out.append({
-                "path": str(path) if path else r["relpath"],
+                "path": printable(str(path) if path else rel),
                 "source": r["source"], "line_start": r["line_start"], "line_end": r["line_end"],
                 "heading": r["heading"], "score": round(score, 6), "scores": parts,
                 "text": r["text"], "indexed_at": r["indexed_at"],
@@ -243,25 +264,36 @@ class Ops:
         names = self.indexer.request_scan(source, force=True)
         return {"queued": names}
 
-    def cmd_files(self, source: str | None, status: str | None, limit: int) -> dict:
-        """Every file ragd has seen: status, reason, chunks, when it was indexed."""
+    def cmd_files(self, source: str | None, status: str | None, limit: int,
+                  after: str | None) -> dict:
+        """Every file ragd has seen: status, reason, chunks, when it was indexed; a page at a
+        time, in (source, path) order. `next` is the cursor of the following page (None at
+        the end): pass it as `after`."""
         if source is not None and self.cfg.source(source) is None:
             raise OpError(P.NOT_FOUND, f"files: no source named {source!r}")
         if status is not None and status not in ("indexed", "skipped", "failed"):
             raise OpError(P.BAD_ARGS, "files: status must be indexed, skipped or failed")
-        sql = ("SELECT f.source, f.relpath, f.status, f.reason, f.size, f.indexed_at, "
-               "(SELECT COUNT(*) FROM chunks c WHERE c.file_id = f.id) AS chunks FROM files f "
-               "WHERE (? IS NULL OR f.source = ?) AND (? IS NULL OR f.status = ?) "
-               "ORDER BY f.source, f.relpath LIMIT ?")
+        if not 1 <= limit <= FILES_PAGE_MAX:
+            raise OpError(P.BAD_ARGS, f"files: 'limit' must be between 1 and {FILES_PAGE_MAX}")
+        cursor = _decode_cursor(after) if after else None
+        sql = ("SELECT f.source, f.relpath, f.status, f.reason, f.size, f.indexed_at, f.chunks "
+               "FROM files f WHERE (? IS NULL OR f.source = ?) AND (? IS NULL OR f.status = ?) "
+               + ("AND (f.source, f.relpath) > (?, ?) " if cursor else "")
+               + "ORDER BY f.source, f.relpath LIMIT ?")
+        params = [source, source, status, status, *(cursor or ()), limit + 1]
         with self.reads.conn() as db:
-            rows = db.execute(sql, (source, source, status, status, limit)).fetchall()
+            rows = db.execute(sql, params).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
         out = []
         for r in rows:
             src = self.cfg.source(r["source"])
-            out.append({"path": str(src.root / r["relpath"]) if src else r["relpath"],
+            rel = store.fs_rel(r["relpath"])
+            out.append({"path": printable(str(src.root / rel) if src else rel),
                         "source": r["source"], "status": r["status"], "reason": r["reason"],
                         "chunks": r["chunks"], "bytes": r["size"], "indexed_at": r["indexed_at"]})
-        return {"files": out}
+        nxt = _encode_cursor(rows[-1]["source"], rows[-1]["relpath"]) if more else None
+        return {"files": out, "next": nxt}
 
     def cmd_events(self):
         """A stream of index events ({"event": indexed|removed|moved|skipped|failed|error,
@@ -288,8 +320,16 @@ class Ops:
         grace = self.cfg.gc_grace_hours if grace_hours is None else float(grace_hours)
         if grace < 0:
             raise OpError(P.BAD_ARGS, "gc: grace_hours must be >= 0")
-        with self.reads.conn() as db:
-            return gc.sweep(db, grace * 3600).as_dict()
+        # Run by the indexer, the index's writer: a request thread never writes.
+        job = self.indexer.run_job(lambda db: gc.sweep(db, grace * 3600))
+        try:
+            return job.result(timeout=GC_TIMEOUT).as_dict()
+        except TimeoutError:
+            raise OpError(P.UNAVAILABLE, f"gc: the indexer did not get to it within "
+                          f"{GC_TIMEOUT:.0f} s ({self.indexer.state}); it will run when it "
+                          f"can") from None
+        except sqlite3.OperationalError as e:
+            raise OpError(P.UNAVAILABLE, f"gc: the index cannot be written: {e}") from None
 
     def cmd_models(self) -> dict:
         configured = {"embedding": self.cfg.embedding_model, "reranker": self.cfg.reranker_model}
@@ -329,6 +369,24 @@ class Ops:
     def cmd_stop(self) -> dict:
         self.stopping.set()
         return AfterReply({"stopping": True, "pid": os.getpid()}, self.request_stop)
+
+
+FILES_PAGE_MAX = 10000
+GC_TIMEOUT = 120.0
+
+
+def _encode_cursor(source: str, relpath: str | bytes) -> str:
+    return base64.urlsafe_b64encode(msgpack.packb([source, relpath], use_bin_type=True)).decode()
+
+
+def _decode_cursor(text: str) -> tuple[str, str | bytes]:
+    try:
+        source, relpath = msgpack.unpackb(base64.urlsafe_b64decode(text.encode()), raw=False)
+        if not isinstance(source, str) or not isinstance(relpath, (str, bytes)):
+            raise ValueError("not a cursor")
+    except Exception:
+        raise OpError(P.BAD_ARGS, "files: 'after' is not a cursor this ragd gave") from None
+    return source, relpath
 
 
 def _changed(path, size: int, mtime_ns: int) -> bool:

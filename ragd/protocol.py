@@ -47,9 +47,10 @@ UNAVAILABLE = "unavailable"  # the op needs something that is not running or not
 FORBIDDEN = "forbidden"  # the peer is another user; the connection is closed
 SHUTTING_DOWN = "shutting_down"  # the daemon is stopping
 INTERNAL = "internal"  # a bug in ragd; the message carries the exception
+REPLY_TOO_LARGE = "reply_too_large"  # the reply would exceed MAX_FRAME; ask for less
 
 ERROR_CODES = (BAD_FRAME, FRAME_TOO_LARGE, BAD_REQUEST, UNKNOWN_OP, BAD_ARGS, NOT_FOUND,
-               UNAVAILABLE, FORBIDDEN, SHUTTING_DOWN, INTERNAL)
+               UNAVAILABLE, FORBIDDEN, SHUTTING_DOWN, INTERNAL, REPLY_TOO_LARGE)
 
 MSGPACK = "msgpack"
 JSONL = "jsonl"

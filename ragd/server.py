@@ -12,15 +12,18 @@ end) closes the connection, after an error reply.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from ragd import protocol as P
+from ragd.workers import Worker
 
 log = logging.getLogger("ragd.server")
 
@@ -122,8 +125,7 @@ class Server:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closing = False
-        self._accept_thread = threading.Thread(target=self._accept_loop, name="accept",
-                                               daemon=True)
+        self._accept = Worker("accept", self._accept_loop)
 
     def start(self) -> None:
         prepare_socket_path(self.path)
@@ -136,7 +138,7 @@ class Server:
         os.chmod(self.path, 0o600)
         sock.listen(128)
         self._listener = sock
-        self._accept_thread.start()
+        self._accept.start()
         log.info("listening on %s", self.path)
 
     def close(self) -> None:
@@ -161,7 +163,7 @@ class Server:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._accept_thread.join(timeout=5)
+        self._accept.stop(timeout=5)
 
     @property
     def connections(self) -> int:
@@ -175,9 +177,13 @@ class Server:
         while not self._closing:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:
+            except OSError as e:
                 if self._closing:
                     return
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors or memory: accepting again at once would spin.
+                    log.warning("cannot accept a connection: %s; pausing 0.5 s", e)
+                    time.sleep(0.5)
                 continue
             with self._lock:
                 full = len(self._conns) >= self.max_connections
@@ -189,7 +195,14 @@ class Server:
                 self._refuse(conn, P.UNAVAILABLE,
                              f"too many connections ({self.max_connections} open)")
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="conn", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="conn",
+                                 daemon=True).start()
+            except RuntimeError as e:  # no thread can be started (a resource limit)
+                with self._lock:
+                    self._conns.discard(conn)
+                log.warning("cannot serve a connection: %s", e)
+                self._refuse(conn, P.UNAVAILABLE, f"ragd cannot serve more connections now: {e}")
 
     def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
         try:
@@ -324,8 +337,16 @@ class Server:
     def _send(self, conn: socket.socket, msg: dict, encoding: str) -> None:
         try:
             data = P.pack(msg, encoding)
-        except (TypeError, ValueError) as e:  # a result that cannot be encoded is a ragd bug
+        except (TypeError, ValueError, OverflowError) as e:  # a ragd bug
             log.error("cannot encode the reply to request %r: %s", msg.get("id"), e)
             data = P.pack(P.error_reply(msg.get("id"), P.INTERNAL, f"cannot encode reply: {e}"),
                           encoding)
+        if len(data) > P.MAX_FRAME + P.HEADER.size:
+            # The client would refuse it: say so instead (ops page their replies to fit).
+            log.error("the reply to request %r is %d bytes, over the %d-byte frame limit",
+                      msg.get("id"), len(data), P.MAX_FRAME)
+            data = P.pack(P.error_reply(msg.get("id"), P.REPLY_TOO_LARGE,
+                                        f"the reply would be {len(data)} bytes, over the "
+                                        f"{P.MAX_FRAME}-byte limit; ask for less (a smaller k "
+                                        f"or limit)"), encoding)
         conn.sendall(data)

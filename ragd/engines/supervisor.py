@@ -22,6 +22,7 @@ import collections
 import ctypes
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from ragd.engines.client import EngineClient
 from ragd.engines.models import ResolvedModel
+from ragd.workers import Worker
 
 log = logging.getLogger("ragd.engines")
 
@@ -94,14 +96,16 @@ class Engine:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._monitor, name=f"engine-{role}", daemon=True)
+        self._pidfd: int | None = None
+        self.worker = Worker(f"engine-{role}", self._monitor,
+                             on_restart=lambda: self._kill("its monitor restarted"))
         run_dir.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
 
     # -- control ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self.worker.start()
 
     def wait_ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout)
@@ -113,8 +117,7 @@ class Engine:
     def stop(self) -> None:
         self._stop.set()
         self._kill("stopping")
-        if self._thread.is_alive():
-            self._thread.join(15)
+        self.worker.stop(15)
         self.state = STOPPED
 
     def status(self) -> dict:
@@ -195,6 +198,7 @@ class Engine:
                 return
             with self._lock:
                 self._proc = proc
+                self._open_pidfd(proc)
             self.pid = proc.pid
             if self._wait_health(proc):
                 self.state, self.reason = READY, None
@@ -235,12 +239,9 @@ class Engine:
         sleep) notices a death at once; /health between waits notices a hang."""
         misses = 0
         while not self._stop.is_set():
-            try:
-                proc.wait(HEALTH_EVERY / 4 if misses else HEALTH_EVERY)
+            if self._exited_within(proc, HEALTH_EVERY / 4 if misses else HEALTH_EVERY):
                 self._ready.clear()
                 return "stopping" if self._stop.is_set() else "exited"
-            except subprocess.TimeoutExpired:
-                pass
             if self.client.health(HEALTH_TIMEOUT):
                 misses = 0
                 self._ready.set()
@@ -252,6 +253,32 @@ class Engine:
             if misses >= HUNG_CHECKS:
                 return f"hung (/health failed {misses} times)"
         return "stopping"
+
+    def _open_pidfd(self, proc: subprocess.Popen) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                self._pidfd = os.pidfd_open(proc.pid)
+            except OSError:
+                self._pidfd = None
+
+    def _exited_within(self, proc: subprocess.Popen, timeout: float) -> bool:
+        """Has the process exited within timeout? Sleeps in the kernel on a pidfd (Linux):
+        Popen.wait(timeout) would wake every 50 ms to poll."""
+        fd = self._pidfd
+        if fd is not None:
+            try:
+                select.select([fd], [], [], timeout)
+            except (OSError, ValueError):
+                pass
+            return proc.poll() is not None
+        try:
+            proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
 
     def _failed(self, reason: str) -> None:
         self.state, self.reason = FAILED, reason
