@@ -8,6 +8,7 @@ Every op declares its arguments in ARGS (name -> type, default; REQUIRED for non
 from __future__ import annotations
 
 import base64
+import math
 import os
 import queue
 import sqlite3
@@ -41,6 +42,7 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
               "after": (str, None)},
     "gc": {"grace_hours": ((int, float), None)},
     "events": {},
+    "wait": {"timeout": ((int, float), 60), "vectors": (bool, False)},
     "models": {},
     "models_pull": {"name": (str, REQUIRED)},
     "stop": {},
@@ -65,8 +67,22 @@ def check_args(op: str, args: dict) -> dict:
             kind = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
             raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be {kind}, "
                           f"got {type(value).__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be a finite number, got {value}")
+        for v in (value if isinstance(value, list) else [value]):
+            if isinstance(v, str) and not _encodable(v):
+                raise OpError(P.BAD_ARGS, f"{op}: '{name}' is not valid Unicode (a lone "
+                              f"surrogate)")
         out[name] = value
     return out
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 class ReadPool:
@@ -180,24 +196,52 @@ class Ops:
         return [{"name": s.name, "path": str(s.root), "kind": s.kind, "include": list(s.include),
                  "exclude": list(s.exclude)} for s in self.cfg.sources]
 
-    def _wait_fresh(self, timeout: float) -> bool:
+    def _wait_fresh(self, timeout: float, vectors: bool | None = None) -> bool:
         """Wait (at most timeout s) until changes already made on disk are searchable: the
-        watcher's settling events, the indexer's queue and the embedder's backlog are empty."""
+        watcher's settling events, the indexer's queue and (vectors: True) the embedder's
+        backlog are empty. vectors None: wait for the embedder only while its engine is up.
+        Blocks on each part's condition in turn; nothing polls."""
         deadline = time.monotonic() + timeout
         # inotify delivers within milliseconds: give an edit made just before this request
         # the time to show up as a pending event before concluding there is none
-        grace = time.monotonic() + min(0.1, timeout)
-        emb = self.engines.embedder
+        time.sleep(min(0.1, timeout))
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        def embedder():
+            emb = self.engines.embedder
+            if vectors is False or emb is None:
+                return None
+            if vectors is None and (emb.vectors is None or not emb.engine.ready):
+                return None
+            return emb
+
         while True:
-            watching = self.watcher.pending if self.watcher is not None else 0
-            busy = watching or not self.indexer.idle or (
-                emb is not None and emb.vectors is not None and not emb.idle)
-            now = time.monotonic()
-            if not busy and now >= grace:
-                return True
-            if now >= deadline:
+            if self.watcher is not None and not self.watcher.wait_settled(left()):
                 return False
-            time.sleep(0.01)
+            if not self.indexer.wait_idle(left()):
+                return False
+            emb = embedder()
+            if emb is not None and not emb.wait_idle(left()):
+                return False
+            emb = embedder()
+            if ((self.watcher is None or self.watcher.pending == 0) and self.indexer.idle
+                    and (emb is None or emb.idle)):
+                return True
+            if left() <= 0:
+                return False
+
+    def cmd_wait(self, timeout: float, vectors: bool) -> dict:
+        """Block until what is on disk is indexed (vectors: and embedded), at most timeout s."""
+        if not 0 <= timeout <= 3600:
+            raise OpError(P.BAD_ARGS, f"wait: 'timeout' must be between 0 and 3600 s, got "
+                          f"{timeout}")
+        if vectors and "embedding" not in self.engines.configured:
+            vectors = False  # no embedding model: nothing to wait for
+        t0 = time.monotonic()
+        done = self._wait_fresh(timeout, vectors=vectors)
+        return {"idle": done, "waited_ms": round((time.monotonic() - t0) * 1e3, 1)}
 
     def cmd_search(self, query: str, k: int | None, mode: str | None, sources: list | None,
                    rerank: bool | None, wait: float) -> dict:

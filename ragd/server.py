@@ -292,7 +292,7 @@ class Server:
     def _handle(self, conn: socket.socket, payload: bytes, encoding: str) -> None:
         try:
             msg = P.unpack_payload(payload, encoding)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             what = "JSON" if encoding == P.JSONL else "msgpack"
             self._send(conn, P.error_reply(None, P.BAD_FRAME, f"payload is not valid {what}: "
                                            f"{e}"), encoding)

@@ -94,15 +94,23 @@ class Daemon:
         with self.client() as c:
             return c.call(op, **args)
 
-    def wait_idle(self, timeout: float = 60.0, every: float = 0.05) -> dict:
-        """Poll status until the indexer has nothing left to do; return that status."""
+    def wait_idle(self, timeout: float = 60.0, vectors: bool = False) -> dict:
+        """Until the index has nothing left to do (vectors: and every text is embedded, the
+        engine up); return the status then. The daemon blocks on its own conditions (the
+        `wait` op): nothing polls."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            st = self.call("status")
-            if st["idle"] and st["pending"] == 0 and not any(s["scanning"] for s in st["sources"]):
+        st: dict = {}
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"ragd still busy after {timeout}s: {st}")
+            with self.client(timeout=left + 30) as c:
+                c.call("wait", timeout=left, vectors=vectors)
+                st = c.call("status")
+            if st["idle"] and st["pending"] == 0 and not any(
+                    s["scanning"] for s in st["sources"]) and (not vectors or _embedded(st)):
                 return st
-            time.sleep(every)
-        raise TimeoutError(f"ragd still busy after {timeout}s: {st}")
+            time.sleep(0.05)  # e.g. the engine's model is still being prepared
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc is None:
@@ -182,17 +190,15 @@ def engine_config(embedding=EMBED_MODEL, reranker=None, extra: str = "") -> str:
     return toml + extra
 
 
-def wait_embedded(d: Daemon, timeout: float = 180.0, every: float = 0.1) -> dict:
-    """Poll until the index is idle and every chunk text has a vector."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = d.call("status")
-        e = st["engines"].get("embedding", {})
-        if (st["idle"] and st["pending"] == 0 and e.get("state") == "ready"
-                and e.get("embedder") == "idle" and e.get("pending_texts") == 0):
-            return st
-        time.sleep(every)
-    raise TimeoutError(f"not embedded after {timeout}s: {st}")
+def _embedded(st: dict) -> bool:
+    e = st["engines"].get("embedding", {})
+    return (e.get("state") == "ready" and e.get("embedder") == "idle"
+            and e.get("pending_texts") == 0)
+
+
+def wait_embedded(d: Daemon, timeout: float = 180.0) -> dict:
+    """Until the index is idle and every chunk text has a vector."""
+    return d.wait_idle(timeout, vectors=True)
 
 
 def make_pdf(path: Path, pages: list[list[str]]) -> Path:

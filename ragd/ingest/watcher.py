@@ -367,6 +367,7 @@ class Watcher:
         while not self._stop.is_set():
             with self._lock:
                 self._inflight = 0
+                self._lock.notify_all()  # wait_settled
                 now = time.monotonic()
                 nexts = [d for d in self._due.values()] + [m[0] for m in self._moves]
                 soonest = min(nexts) if nexts else None
@@ -415,6 +416,17 @@ class Watcher:
     def pending(self) -> int:
         with self._lock:
             return len(self._due) + len(self._moves) + self._inflight
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait until no event waits to be handed to the indexer."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._due or self._moves or self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
 
     # -- the checker ------------------------------------------------------------------------------
 
