@@ -134,14 +134,17 @@ def run(cfg: config.Config, background: bool) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stop.set())
+    if hasattr(signal, "SIGXFSZ"):  # a file size limit is a write error to handle, not death
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
     engines = Engines(cfg)
     indexer = Indexer(cfg, cfg.db_path, listener=engines, events=EventBus())
     ops = Ops(cfg, indexer, engines, request_stop=stop.set)
     server = Server(cfg.socket, ops.dispatch, cfg.max_connections)
-    indexer.start()
     # Queued before the socket opens: a client that sees the daemon answer never sees it idle
-    # with the start-up scan still to come.
+    # with the start-up scan still to come. The indexer starts once the sources are watched, so
+    # the scan runs after the watches exist: a note saved at any moment is seen by one or the
+    # other (a note saved between a scan and its watch would wait for the next periodic scan).
     indexer.request_scan()
     try:
         server.start()
@@ -161,6 +164,7 @@ def run(cfg: config.Config, background: bool) -> int:
             ops.watcher = Watcher(cfg.sources, indexer, cfg.watch_quiet_ms / 1000,
                                   cfg.scan_interval, cfg.unwatched_scan_interval)
             ops.watcher.start()
+        indexer.start()
         log.info("ready in %.3fs; indexing %d source(s) in the background",
                  time.monotonic() - t0, len(cfg.sources))
         schedule_gc(indexer, cfg, first=60.0)

@@ -170,7 +170,7 @@ class Ops:
                 "files": c.get("indexed", 0), "skipped": c.get("skipped", 0),
                 "failed": c.get("failed", 0), "chunks": c.get("chunks", 0),
                 "scanning": st.scanning, "last_scan": st.last_scan, "last_error": st.last_error,
-                "unlisted": [printable(d) for d in sorted(st.unlisted)],
+                "unlisted": [printable(d) or "." for d in sorted(st.unlisted)],
                 "watched": self.watcher is not None and s.name not in self.watcher.errors,
                 "watch_error": self.watcher.errors.get(s.name) if self.watcher else None,
                 "last_event": self.watcher.last_event.get(s.name) if self.watcher else None,

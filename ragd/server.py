@@ -12,6 +12,7 @@ end) closes the connection, after an error reply.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -54,6 +55,28 @@ class AfterReply:
     def __init__(self, result: Any, then: Callable[[], None]):
         self.result = result
         self.then = then
+
+
+_trim = None
+_trimmed_at = 0.0
+
+
+def _give_back_memory() -> None:
+    """After a burst of clients (each with its buffers and a read connection) has gone: glibc
+    keeps freed memory in its heaps; malloc_trim returns what it can to the system, so the
+    daemon's RSS goes back down. At most once a second; a no-op where there is no glibc."""
+    global _trim, _trimmed_at
+    now = time.monotonic()
+    if now - _trimmed_at < 1.0:
+        return
+    _trimmed_at = now
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
 
 
 def peer_uid(conn: socket.socket) -> int | None:
@@ -238,7 +261,10 @@ class Server:
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                last = not self._conns
             conn.close()
+            if last:
+                _give_back_memory()
 
     def _recv_exact(self, conn: socket.socket, n: int) -> bytes | None:
         buf = bytearray()

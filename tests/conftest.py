@@ -64,14 +64,17 @@ def _toml(v) -> str:
 class Daemon:
     """A real ragd process. Use as a context manager, or call stop() / kill()."""
 
-    def __init__(self, config: Path, socket: Path, log: Path, env: dict | None = None):
+    def __init__(self, config: Path, socket: Path, log: Path, env: dict | None = None,
+                 wrap: list[str] | None = None):
         self.config, self.socket, self.log = config, socket, log
         self.env = env
+        self.wrap = wrap or []  # a command prefix, e.g. no_dac()
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "Daemon":
         self._err = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "ragd", "--config", str(self.config)],
+        self.proc = subprocess.Popen([*self.wrap, sys.executable, "-m", "ragd", "--config",
+                                      str(self.config)],
                                      stdin=subprocess.DEVNULL, stdout=self._err, stderr=self._err,
                                      env=self.env)
         deadline = time.monotonic() + timeout
@@ -143,7 +146,8 @@ def make_daemon(tmp_path):
     started: list[Daemon] = []
 
     def make(vaults=("obsidian-tasks-docs",), sources=None, extra: str = BM25_ONLY,
-             socket: Path | None = None) -> Daemon:
+             socket: Path | None = None, env: dict | None = None,
+             wrap: list[str] | None = None) -> Daemon:
         if sources is None:
             sources = []
             for name in vaults:
@@ -152,7 +156,7 @@ def make_daemon(tmp_path):
                 sources.append({"name": name, "path": str(root), "kind": kind})
         socket = socket or tmp_path / "run" / "ragd.sock"
         cfg = write_config(tmp_path / "config.toml", tmp_path / "data", socket, sources, extra)
-        d = Daemon(cfg, socket, tmp_path / "ragd.stderr")
+        d = Daemon(cfg, socket, tmp_path / "ragd.stderr", env=env, wrap=wrap)
         started.append(d)
         return d
 
@@ -163,6 +167,17 @@ def make_daemon(tmp_path):
         except Exception:
             pass
         d.kill()
+
+
+def no_dac() -> list[str]:
+    """A command prefix that makes file permissions bite: as root, drop the capabilities that
+    override them (CI runs as root); as anyone else, nothing."""
+    if os.getuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.fail("running as root, the permission tests need setpriv (util-linux) to drop "
+                    "CAP_DAC_OVERRIDE")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
 def ragctl(*args, env=None, timeout=60) -> subprocess.CompletedProcess:

@@ -201,7 +201,13 @@ def test_bad_files_are_skipped_with_reasons_and_the_daemon_lives(make_daemon, tm
 def test_sigterm_during_initial_index_leaves_a_consistent_index(make_daemon, tmp_path):
     d = make_daemon(vaults=("dwarvesf-brain",))
     d.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while True:  # stop it part way: some files indexed, not all
+        st = d.call("status")
+        if st["totals"]["files_indexed"] > 0:
+            break
+        assert time.monotonic() < deadline
+    assert not st["idle"]
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0
     import sqlite3

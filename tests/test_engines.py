@@ -143,10 +143,18 @@ def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path):
         # Only vectors of the new space are in memory, however far its re-embedding got: a
         # vector enters the matrix after its row is committed, so the matrix never holds more
         # than the chunks with a vector in the new space (old ones would make it n at once).
+        # Watched while the re-embedding runs, until it has been seen part way.
         db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
-        in_new = db.execute("SELECT COUNT(*) FROM chunks c JOIN embeddings e ON e.space = ? AND "
-                            "e.text_hash = c.embed_hash", (e["space"],)).fetchone()[0]
-        assert e["vectors"] <= in_new
+        part_way = False
+        deadline = time.monotonic() + 120
+        while not part_way:
+            assert time.monotonic() < deadline, "never saw the re-embedding part way"
+            e = d.call("status")["engines"]["embedding"]
+            in_new = db.execute("SELECT COUNT(*) FROM chunks c JOIN embeddings e ON "
+                                "e.space = ? AND e.text_hash = c.embed_hash",
+                                (e["space"],)).fetchone()[0]
+            assert e["vectors"] <= in_new, (e["vectors"], in_new)
+            part_way = 0 < e["vectors"] < n
         st = wait_embedded(d)
         assert st["engines"]["embedding"]["vectors"] == n
         res = d.call("search", query="make a task repeat", k=3, mode="vector")
@@ -255,7 +263,8 @@ def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_
         (reason, attempts), = db.execute("SELECT reason, attempts FROM embed_failures").fetchall()
         assert attempts == 2 and "HTTP 500" in reason
         assert len(emb.vectors) == 1 and emb.pending(db) == 0
-        time.sleep(3)  # past the backoff: still not retried
+        # Given up: nothing is queued or scheduled for a retry, so it is never tried again.
+        assert emb.idle and emb._retry == [] and not emb._todo
         assert db.execute("SELECT attempts FROM embed_failures").fetchone()[0] == 2
     finally:
         ix.stop()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import VAULTS
+from conftest import VAULTS, no_dac
 from ragd.config import DEFAULT_INCLUDE, Source
 from ragd.ingest import chunker, documents, loader, markdown, sources
 
@@ -63,13 +65,17 @@ def test_read_reasons(tmp_path):
     assert sources.read(tmp_path / "bom.md", 50).text == "hello"
 
 
-@pytest.mark.skipif(os.getuid() == 0, reason="root reads every file")
 def test_read_permission_denied(tmp_path):
+    """Run where permissions bind (as root: without CAP_DAC_OVERRIDE, in a child process)."""
     p = tmp_path / "secret.md"
     p.write_text("x")
     p.chmod(0)
-    with pytest.raises(sources.Unreadable, match="permission denied"):
-        sources.read(p, 50)
+    code = ("import sys; from pathlib import Path; from ragd.ingest import sources\n"
+            "try:\n    sources.read(Path(sys.argv[1]), 50)\nexcept sources.Unreadable as e:\n"
+            "    print(e, e.retry)\n")
+    out = subprocess.run([*no_dac(), sys.executable, "-c", code, str(p)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == "permission denied True", out.stderr
 
 
 def test_chunks_follow_headings_and_keep_fences_whole():

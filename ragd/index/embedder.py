@@ -232,6 +232,8 @@ class Embedder:
             rows = []
             for start in range(0, len(fitted), 16):
                 part = fitted[start:start + 16]
+                log.debug("embedding %d texts (%d tokens) before their commit", len(part),
+                          sum(p[2] for p in part))
                 t0 = time.perf_counter()
                 vecs = self.engine.client.embed([t for _, t, _, _ in part])
                 self.stats.seconds += time.perf_counter() - t0
@@ -449,6 +451,7 @@ class Embedder:
             self._done(len(hashes))
 
     def _embed_batch(self, db: sqlite3.Connection, batch: list[tuple[str, str, int, bool]]) -> None:
+        log.debug("embedding %d texts (%d tokens)", len(batch), sum(b[2] for b in batch))
         t0 = time.perf_counter()
         try:
             vecs = self.engine.client.embed([t for _, t, _, _ in batch])

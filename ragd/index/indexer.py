@@ -593,10 +593,12 @@ class Indexer:
                 self._index_one(src, item.rel, item.prepared, mine)
             db.execute("RELEASE item")
         except Exception as e:
+            # An error of the database itself (disk full, I/O) may have rolled the whole
+            # transaction back already: the batch is retried, not this file recorded.
+            if store.transient(e) or not db.in_transaction:
+                raise
             db.execute("ROLLBACK TO item")
             db.execute("RELEASE item")
-            if store.transient(e):
-                raise
             log.exception("failed to index %s/%s", src.name, sources.printable(item.rel))
             self._record_failed(src, item.rel, f"{type(e).__name__}: {e}", mine)
         if changes is not None:
@@ -612,10 +614,10 @@ class Indexer:
             store.put_file(db, src.name, rel, size, mtime_ns, None, "failed", reason, [], mine)
             db.execute("RELEASE failed")
         except Exception as e:
+            if store.transient(e) or not db.in_transaction:
+                raise
             db.execute("ROLLBACK TO failed")
             db.execute("RELEASE failed")
-            if store.transient(e):
-                raise
             log.exception("cannot record %s/%s as failed; it is left out",
                           src.name, sources.printable(rel))
             return

@@ -1,0 +1,565 @@
+"""The fault suite: the real daemon (and engine) meeting what goes wrong on real machines.
+
+Each case here failed on the daemon before these faults were handled. bench/faults.py runs the
+same cases at full size (20 kills on obsidian-hub, 10,000 frames, 200 clients) and prints the
+figures; here each is kept short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import socket
+import sqlite3
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from conftest import (engine_config, make_pdf, no_dac, small_vault, wait_embedded)
+from ragd import protocol as P
+from ragd.ops import ARGS
+
+
+def db_of(tmp_path: Path) -> sqlite3.Connection:
+    # autocommit: the integrity-check INSERT must not leave a write transaction open
+    return sqlite3.connect(tmp_path / "data" / "index.sqlite3", isolation_level=None)
+
+
+def no_restarts(st: dict) -> None:
+    bad = [t for t in st["threads"] if t["restarts"]]
+    assert not bad, f"threads restarted: {bad}"
+
+
+def consistent(db: sqlite3.Connection) -> None:
+    """chunks == FTS rows, counts kept by the triggers == what is there, integrity ok."""
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    n = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    assert n == db.execute("SELECT COUNT(*) FROM chunks_fts").fetchone()[0]
+    db.execute("INSERT INTO chunks_fts (chunks_fts) VALUES ('integrity-check')")
+    kept = dict(((s, k), v) for s, k, v in db.execute("SELECT source, key, n FROM counts"))
+    for (source, key), v in kept.items():
+        if key == "chunks":
+            real = db.execute("SELECT COUNT(*) FROM chunks c JOIN files f ON f.id = c.file_id "
+                              "WHERE f.source = ?", (source,)).fetchone()[0]
+        else:
+            real = db.execute("SELECT COUNT(*) FROM files WHERE source = ? AND status = ?",
+                              (source, key)).fetchone()[0]
+        assert v == real, (source, key, v, real)
+
+
+# -- odd files -----------------------------------------------------------------------------------
+
+def test_odd_names_and_odd_files_never_stop_indexing(make_daemon, tmp_path):
+    """A name that is not UTF-8, a newline in a name, a FIFO, a symlink loop and a 50 MB file,
+    found by the first scan and while watching: each is indexed or skipped with its reason, and
+    indexing goes on (before, the first one stopped the indexer for good and a FIFO blocked it
+    forever)."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    raw_root = os.fsencode(root)
+    with open(os.path.join(raw_root, b"caf\xe9 latin1.md"), "wb") as f:
+        f.write(b"# Cafe\n\nThe word zanzibarite lives here.\n")
+    (root / "new\nline.md").write_text("# Newline\n\nThe word quillwort lives here.\n")
+    os.mkfifo(root / "pipe.md")
+    (root / "loop.md").symlink_to(root / "loop.md")
+    with open(root / "huge.md", "wb") as f:
+        f.truncate(50 * 1024 * 1024)  # sparse: 50 MB that costs no disk
+    (root / "plain.md").write_text("# Plain\n\nThe word okapi lives here.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        st = d.wait_idle()
+        # and the same while watching
+        with open(os.path.join(raw_root, b"na\xefve \xff.md"), "wb") as f:
+            f.write(b"# Naive\n\nThe word brontosaurine lives here.\n")
+        os.mkfifo(root / "pipe2.md")
+        (root / "after.md").write_text("# After\n\nThe word marzipanic lives here.\n")
+        deadline = time.monotonic() + 20
+        while not d.call("search", query="marzipanic", mode="bm25")["results"]:
+            assert time.monotonic() < deadline, "indexing stopped"
+            time.sleep(0.05)
+        st = d.wait_idle()
+        no_restarts(st)
+        assert st["indexer"] == "idle"
+        for word, name in [("zanzibarite", "caf\ufffd latin1.md"), ("quillwort", "new\nline.md"),
+                           ("brontosaurine", "na\ufffdve \ufffd.md"), ("okapi", "plain.md")]:
+            hits = d.call("search", query=word, mode="bm25")["results"]
+            assert hits and Path(hits[0]["path"]).name == name, (word, hits)
+        files = {Path(f["path"]).name: f for f in d.call("files")["files"]}
+        assert files["pipe2.md"]["status"] == "skipped"
+        assert files["pipe2.md"]["reason"] == "not a regular file (a FIFO)"
+        assert files["loop.md"]["reason"] == "symlink loop"
+        assert files["huge.md"]["reason"].startswith("too large (52428800 bytes")
+        assert files["caf\ufffd latin1.md"]["status"] == "indexed"
+    consistent(db_of(tmp_path))
+
+
+def test_a_file_that_changes_or_vanishes_while_read(tmp_path, monkeypatch):
+    """The indexer thread with a file that grows, or is deleted, between its read and its write:
+    what was read is written with the stat it was read at (so the next event reads it again),
+    and a vanished file is removed only once its absence is seen."""
+    from ragd import config
+    from ragd.index import store
+    from ragd.index.indexer import Indexer
+    from ragd.ingest import loader
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    grow, gone = root / "grow.md", root / "gone.md"
+    grow.write_text("# Grow\n\nfirst words\n")
+    gone.write_text("# Gone\n\nsoon absent\n")
+    cfg = config.from_dict({"daemon": {"data_dir": str(tmp_path / "data")},
+                            "sources": [{"name": "n", "path": str(root)}]}, None)
+    store.open_store(cfg.db_path).close()
+    real_load = loader.load
+
+    def load(src, rel, max_bytes):
+        out = real_load(src, rel, max_bytes)
+        if rel == "grow.md":
+            with open(grow, "a") as f:
+                f.write("more words appended while it was read\n")
+        elif rel == "gone.md":
+            gone.unlink(missing_ok=True)
+        return out
+
+    monkeypatch.setattr(loader, "load", load)
+    ix = Indexer(cfg, cfg.db_path)
+    ix.start()
+    try:
+        ix.request_scan()
+        assert ix.wait_idle(30)
+        db = store.connect(cfg.db_path)
+        rows = {r["relpath"]: r for r in db.execute("SELECT relpath, size, status FROM files")}
+        # grow.md: indexed as read, with the size it had then, so a scan sees it changed
+        assert rows["grow.md"]["status"] == "indexed"
+        assert rows["grow.md"]["size"] < grow.stat().st_size
+        # gone.md: read before it vanished: indexed; the next look sees it gone
+        monkeypatch.setattr(loader, "load", real_load)
+        ix.request_scan()
+        assert ix.wait_idle(30)
+        rels = {r[0] for r in db.execute("SELECT relpath FROM files")}
+        assert rels == {"grow.md"}
+        size = db.execute("SELECT size FROM files").fetchone()[0]
+        assert size == grow.stat().st_size
+        assert ix.worker.restarts == 0
+    finally:
+        ix.stop()
+
+
+# -- what cannot be read or listed ----------------------------------------------------------------
+
+def test_what_cannot_be_listed_or_read_is_kept(make_daemon, tmp_path):
+    """Run as a user whom permissions bind (as root: without CAP_DAC_OVERRIDE). A folder that
+    cannot be listed keeps its files (before, they were deleted), and so does an unreadable
+    root; a note that cannot be read keeps what was indexed; a new unreadable one is skipped
+    with its reason; all recover when the permissions do."""
+    root = tmp_path / "notes"
+    (root / "sub").mkdir(parents=True)
+    for i in range(4):
+        (root / "sub" / f"s{i}.md").write_text(f"# S{i}\n\nThe word subterranean{i} is here.\n")
+    (root / "top.md").write_text("# Top\n\nThe word toplofty is here.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}], wrap=no_dac())
+    with d:
+        d.wait_idle()
+        assert len(d.call("search", query="subterranean0 subterranean1 subterranean2 "
+                          "subterranean3", mode="bm25", k=10)["results"]) == 4
+        os.chmod(root / "sub", 0)
+        os.chmod(root / "top.md", 0)
+        fresh = root / "fresh.md"
+        fresh.write_text("# Fresh\n\nThe word freshwater is here.\n")
+        os.chmod(fresh, 0)
+        try:
+            d.call("reindex")
+            st = d.wait_idle()
+            src = st["sources"][0]
+            assert src["unlisted"] == ["sub"]
+            assert "could not be listed" in src["last_error"]
+            assert src["files"] == 5
+            for i in range(4):
+                assert d.call("search", query=f"subterranean{i}", mode="bm25")["results"]
+            assert d.call("search", query="toplofty", mode="bm25")["results"]
+            files = {Path(f["path"]).name: f for f in d.call("files")["files"]}
+            assert files["top.md"]["status"] == "indexed"
+            assert files["top.md"]["reason"].startswith("kept from an earlier read")
+            assert files["fresh.md"]["status"] == "skipped"
+            assert files["fresh.md"]["reason"] == "permission denied"
+            # the root itself
+            os.chmod(root, 0)
+            d.call("reindex")
+            st = d.wait_idle()
+            assert st["sources"][0]["unlisted"] == ["."] and st["sources"][0]["files"] == 5
+        finally:
+            os.chmod(root, 0o755)
+            os.chmod(root / "sub", 0o755)
+            os.chmod(root / "top.md", 0o644)
+            os.chmod(fresh, 0o644)
+        d.call("reindex")
+        st = d.wait_idle()
+        src = st["sources"][0]
+        assert src["unlisted"] == [] and src["files"] == 6 and src["skipped"] == 0
+        assert d.call("search", query="freshwater", mode="bm25")["results"]
+        no_restarts(st)
+
+
+def test_a_slow_pdftotext_holds_nothing_up(make_daemon, tmp_path):
+    """pdftotext taking 15 s (a PATH shim): notes keep being indexed meanwhile, then the PDF."""
+    real = subprocess.run(["sh", "-c", "command -v pdftotext"], capture_output=True,
+                          text=True).stdout.strip()
+    assert real, "the PDF tests need pdftotext (poppler-utils)"
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "pdftotext").write_text(f"#!/bin/sh\nsleep 15\nexec {real} \"$@\"\n")
+    os.chmod(shim / "pdftotext", 0o755)
+    root = tmp_path / "docs"
+    root.mkdir()
+    make_pdf(root / "slow.pdf", [["The word pachydermatous is in this PDF."]])
+    (root / "first.md").write_text("# First\n\nThe word firstling is here.\n")
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    d = make_daemon(sources=[{"name": "docs", "path": str(root)}], env=env)
+    with d:
+        t0 = time.monotonic()
+        deadline = t0 + 8
+        while not d.call("search", query="firstling", mode="bm25")["results"]:
+            assert time.monotonic() < deadline, "a note waited behind the PDF"
+            time.sleep(0.05)
+        (root / "later.md").write_text("# Later\n\nThe word latecomer is here.\n")
+        while not d.call("search", query="latecomer", mode="bm25")["results"]:
+            assert time.monotonic() < deadline, "a new note waited behind the PDF"
+            time.sleep(0.05)
+        assert time.monotonic() - t0 < 14  # both while pdftotext was still asleep
+        assert not d.call("search", query="pachydermatous", mode="bm25")["results"]
+        st = d.wait_idle(timeout=60)
+        assert d.call("search", query="pachydermatous", mode="bm25")["results"]
+        no_restarts(st)
+
+
+# -- the database ------------------------------------------------------------------------------
+
+def test_a_busy_database_never_kills_a_thread(make_daemon, tmp_path):
+    """Another process holds the index's write lock for 12 s (past the 10 s busy timeout) while
+    the indexer and the embedder both need it: they wait and carry on (before, each died of
+    'database is locked' until a restart)."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        hold = sqlite3.connect(tmp_path / "data" / "index.sqlite3", isolation_level=None)
+        hold.execute("BEGIN IMMEDIATE")
+        try:
+            (root / "new note.md").write_text("# New\n\nThe word lockjawed is here.\n")
+            time.sleep(12)  # the fault itself: the lock held past busy_timeout
+            st = d.call("status")
+            assert st["pending"] > 0 or not st["idle"]  # the work waits, it is not lost
+        finally:
+            hold.rollback()
+            hold.close()
+        st = wait_embedded(d, timeout=240)
+        no_restarts(st)
+        assert d.call("search", query="lockjawed", mode="bm25")["results"]
+        e = st["engines"]["embedding"]
+        assert e["vectors"] == st["sources"][0]["chunks"]
+    consistent(db_of(tmp_path))
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    if os.getuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                           str(where)], capture_output=True).returncode == 0
+
+
+def test_a_full_disk_pauses_indexing_and_it_resumes(make_daemon, tmp_path):
+    """The data dir on a 1 MB tmpfs (else: a file size limit on the daemon): status says the
+    index cannot be written, nothing is corrupt, and once there is room it converges."""
+    data = tmp_path / "data"
+    mounted = _mount_tmpfs(data, "1m")
+    d = make_daemon(vaults=("dwarvesf-brain",))
+    try:
+        d.start()
+        if not mounted:  # a limit on file size instead (SIGXFSZ is ignored: a write error)
+            import resource
+            resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        deadline = time.monotonic() + 60
+        while not (st := d.call("status"))["indexer"].startswith("paused"):
+            assert time.monotonic() < deadline, st["indexer"]
+            time.sleep(0.1)
+        assert "cannot be written" in st["indexer"]
+        assert "full" in st["indexer"] or "I/O" in st["indexer"] or "large" in st["indexer"]
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,size=200m", str(data)], check=True)
+        else:
+            import resource
+            resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE,
+                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        st = d.wait_idle(timeout=180)
+        assert st["indexer"] == "idle"
+        assert st["sources"][0]["files"] + st["sources"][0]["skipped"] == 885
+        no_restarts(st)
+        d.stop()
+        consistent(db_of(tmp_path))
+    finally:
+        d.kill()
+        if mounted:
+            subprocess.run(["umount", "-l", str(data)])
+
+
+# -- kills ----------------------------------------------------------------------------------------
+
+EMBED_LINE = re.compile(r"embedding (\d+) texts")
+
+
+def sent_texts(log: Path) -> int:
+    """Texts the embedder sent to the engine (logged before each request), over all runs."""
+    return sum(int(m.group(1)) for m in EMBED_LINE.finditer(log.read_text(errors="replace")))
+
+
+def test_kill_9_at_random_points_converges(make_daemon, tmp_path):
+    """kill -9 three times at random points of indexing and embedding: after each restart the
+    index converges; nothing is lost, and a kill costs at most the batch it interrupted."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    rng = random.Random(8)
+    kills = 3
+    for _ in range(kills):
+        d.start()
+        time.sleep(rng.uniform(0.2, 2.5))  # a random point (the fault: when the kill lands)
+        d.kill()
+        with contextlib.closing(db_of(tmp_path)) as db:
+            consistent(db)
+    with d:
+        st = wait_embedded(d, timeout=240)
+        db = db_of(tmp_path)
+        consistent(db)
+        n_files = sum(1 for p in root.rglob("*.md"))
+        assert st["sources"][0]["files"] == n_files
+        assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
+        distinct = db.execute("SELECT COUNT(DISTINCT embed_hash) FROM chunks").fetchone()[0]
+        space = st["engines"]["embedding"]["space"]
+        assert db.execute("SELECT COUNT(*) FROM embeddings WHERE space = ?",
+                          (space,)).fetchone()[0] == distinct
+    sent = sent_texts(d.log)
+    # each text embedded once, plus at most one interrupted batch per kill (<= 1024 tokens:
+    # at most 16 texts of 64+ tokens; the probe is not logged)
+    assert distinct <= sent <= distinct + kills * 16, (sent, distinct)
+
+
+def test_the_engine_killed_during_embedding_is_restarted_and_nothing_is_lost(make_daemon,
+                                                                             tmp_path):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="[engines]\nmax_restarts = 50\n"))
+    kills = 3
+    with d:
+        done = 0
+        deadline = time.monotonic() + 180
+        last_pid = None
+        while done < kills:
+            assert time.monotonic() < deadline
+            e = d.call("status")["engines"]["embedding"]
+            if e.get("state") == "ready" and e.get("pid") != last_pid and e.get("embedder") in (
+                    "embedding", "loading vectors"):
+                os.kill(e["pid"], signal.SIGKILL)
+                last_pid = e["pid"]
+                done += 1
+            time.sleep(0.05)
+        st = wait_embedded(d, timeout=240)
+        e = st["engines"]["embedding"]
+        assert e["restarts"] >= kills
+        assert e["vectors"] == st["sources"][0]["chunks"]
+        db = db_of(tmp_path)
+        distinct = db.execute("SELECT COUNT(DISTINCT embed_hash) FROM chunks").fetchone()[0]
+        assert e["embedded_texts"] == distinct  # none stored twice, none lost
+        no_restarts(st)
+
+
+# -- the socket -----------------------------------------------------------------------------------
+
+def fuzz_values(rng: random.Random):
+    deep = []
+    for _ in range(200):
+        deep = [deep]
+    return [None, True, False, 0, -1, 2**63 - 1, 2**64 - 1, -2**63, 1.5, float("nan"),
+            float("inf"), "", "x" * 100000, "\x00", "../../etc/passwd", b"\xff\xfe", [], [1, "a"],
+            ["no such source"], {}, {"a": {"b": [1]}}, deep, rng.random()]
+
+
+FUZZ_OPS = [op for op in ARGS if op not in ("stop", "events", "models_pull", "wait")]
+
+
+def _frame(msg) -> bytes:
+    body = msgpack.packb(msg, use_bin_type=True)
+    return P.HEADER.pack(len(body)) + body
+
+
+def fuzz_frames(n: int, seed: int = 1) -> list[tuple[bytes, bool]]:
+    """(bytes, a reply is due): every op with every wrong-typed value for each argument, then
+    random bytes, truncated frames, deep and huge msgpack, non-requests and broken JSON lines
+    up to n. (stop, events, models_pull and wait are left out: they stop, stream, reach the
+    network or block by design.)"""
+    rng = random.Random(seed)
+    values = fuzz_values(rng)
+    frames: list[tuple[bytes, bool]] = []
+    for op in FUZZ_OPS:
+        for arg in ARGS[op]:
+            for v in values:
+                if v is None and op in ("reindex", "gc"):
+                    continue  # None is the default: a whole reindex, not a bad request
+                frames.append((_frame({"id": len(frames), "op": op, "args": {arg: v}}), True))
+    while len(frames) < n:
+        kind = rng.randrange(7)
+        if kind == 0:  # an op with random values for all its arguments, maybe an unknown one
+            op = rng.choice(FUZZ_OPS)
+            args = {a: rng.choice(values[1:]) for a in ARGS[op]}
+            if rng.random() < 0.3:
+                args[rng.choice(["zzz", "", "\u00e9"])] = 1
+            frames.append((_frame({"id": len(frames), "op": op, "args": args}), True))
+        elif kind == 1:  # random payload in a valid frame
+            body = rng.randbytes(rng.randrange(1, 300))
+            frames.append((P.HEADER.pack(len(body)) + body, True))
+        elif kind == 2:  # not a map, or no op
+            frames.append((_frame(rng.choice([[1, 2], "op", 7, {"op": 3}, {"args": {}},
+                                              {"op": "search", "args": [1]}])), True))
+        elif kind == 3:  # deep nesting
+            body = b"\x91" * rng.randrange(1000, 100000) + b"\xc0"
+            frames.append((P.HEADER.pack(len(body)) + body, True))
+        elif kind == 4:  # an array of 4 billion items announced in a small frame
+            body = b"\xdd\xff\xff\xff\xff" + b"\xc0" * 10
+            frames.append((P.HEADER.pack(len(body)) + body, True))
+        elif kind == 5:  # truncated: the header promises more than comes before the hang-up
+            body = _frame({"op": "ping"})[4:]
+            frames.append((P.HEADER.pack(len(body) + 50) + body, False))
+        else:  # JSON lines, some broken
+            line = rng.choice([b'{"op": "ping"}', b'{"op": "search", "args": {"query": 1}}',
+                               b'{"op": "search", "args": {"query": "\\ud800"}}',
+                               b"{" * 50000, b'{"op": "status", "args": {"x": [}'])
+            frames.append((line + b"\n", True))
+    return frames
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def send_fuzz(sock_path: Path, frames: list[tuple[bytes, bool]]) -> dict:
+    """Each frame on a connection of its own (an error that closes one must not hide the next
+    frame). Every frame that is due a reply gets one, with a known error code (never
+    `internal`, a crash); the connection then still answers a ping unless the framing broke."""
+    out = {"frames": 0, "replies": 0, "errors": 0}
+    ping = _frame({"id": "p", "op": "ping"})
+    for data, due in frames:
+        out["frames"] += 1
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(str(sock_path))
+            s.sendall(data)
+            if not due:
+                continue
+            jsonl = data[:1] == b"{"
+            reply = read_reply(s, jsonl)
+            assert reply is not None, f"no reply to {data[:60]!r}"
+            out["replies"] += 1
+            if "error" in reply:
+                out["errors"] += 1
+                assert reply["error"]["code"] in P.ERROR_CODES, reply
+                assert reply["error"]["code"] != P.INTERNAL, (data[:200], reply)
+                if reply["error"]["code"] == P.FRAME_TOO_LARGE:
+                    continue
+            if not jsonl:  # the same connection goes on
+                s.sendall(ping)
+                pong = read_reply(s, False)
+                assert pong is not None and "result" in pong, (data[:60], pong)
+    return out
+
+
+def read_reply(s: socket.socket, jsonl: bool) -> dict | None:
+    buf = b""
+    if jsonl:
+        while b"\n" not in buf:
+            chunk = s.recv(65536)
+            if not chunk:
+                return None
+            buf += chunk
+        import json
+        return json.loads(buf.split(b"\n", 1)[0])
+    while len(buf) < 4:
+        chunk = s.recv(4 - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    (n,) = struct.unpack("!I", buf)
+    body = b""
+    while len(body) < n:
+        chunk = s.recv(n - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return msgpack.unpackb(body, raw=False)
+
+
+def hammer(sock_path: Path, clients: int, seconds: float) -> tuple[int, list[str]]:
+    """`clients` connections at once, each asking search/status/ping in a loop."""
+    done, errors = [0], []
+    stop = time.monotonic() + seconds
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        rng = random.Random(i)
+        try:
+            with P.Client(sock_path, timeout=60) as c:
+                while time.monotonic() < stop:
+                    op = rng.choice(["search", "status", "ping", "files"])
+                    if op == "search":
+                        c.call("search", query=rng.choice(["task", "recurring dates", "x"]),
+                               mode="bm25", k=5)
+                    elif op == "files":
+                        c.call("files", limit=50)
+                    else:
+                        c.call(op)
+                    with lock:
+                        done[0] += 1
+        except Exception as e:  # noqa: BLE001 - every failure is reported
+            with lock:
+                errors.append(f"client {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0], errors
+
+
+def test_fuzzed_frames_and_many_clients_never_hurt_the_daemon(make_daemon, tmp_path):
+    d = make_daemon(vaults=("obsidian-tasks-docs",))
+    with d:
+        d.wait_idle()
+        # Warm up with the load to come (its threads, buffers, the read pool's connections
+        # and their page caches): what is measured after is what the load leaves behind.
+        hammer(d.socket, 50, 2.0)
+        time.sleep(1.1)  # the memory given back after a burst (at most once a second)
+        before = rss_kb(d.proc.pid)
+        frames = fuzz_frames(1500)
+        out = send_fuzz(d.socket, frames)
+        assert out["replies"] == sum(due for _, due in frames) and out["errors"] > 1000, out
+        n, errors = hammer(d.socket, 50, 5.0)
+        assert not errors, errors[:5]
+        assert n > 100
+        st = d.call("status")
+        no_restarts(st)
+        time.sleep(1.1)
+        after = rss_kb(d.proc.pid)
+        assert after <= before * 1.10 + 2048, (before, after)  # within 10% (+2 MB slack)
+        assert d.call("ping")["pid"] == d.proc.pid
