@@ -209,6 +209,11 @@ def do_get(args) -> int:
     return 0
 
 
+def do_mcp(args) -> int:
+    from ragctl import mcp  # only this command needs it
+    return mcp.run(args.socket, args.config, verbose=args.verbose)
+
+
 def do_reindex(args) -> int:
     res = call(args, "reindex", source=args.source)
     emit(args, res, lambda r: print(f"reindexing {', '.join(r['queued']) or 'nothing'}"))
@@ -375,6 +380,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="PATH[:START[-END]]",
                    help="a file inside a source; :START-END picks lines (1-based, inclusive)")
     p.set_defaults(func=do_get)
+    p = sub.add_parser("mcp", parents=[common],
+                       help="serve ragd to agents: a Model Context Protocol server on stdio")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every message to stderr")
+    p.set_defaults(func=do_mcp)
     p = sub.add_parser("reindex", parents=[common], help="re-read and re-chunk every file")
     p.add_argument("--source", metavar="NAME", help="only this source")
     p.set_defaults(func=do_reindex)
