@@ -343,8 +343,9 @@ def search_text(out: dict) -> str:
 GET_ARGS: dict[str, dict] = {
     "path": {"type": "string", "minLength": 1,
              "description": "Absolute path of a file inside a source, as search results give "
-                            "it; may end in :START-END (or :START, to the end) to pick "
-                            "lines, e.g. /home/me/Notes/Plan.md:40-80."},
+                            "it. Without line_start and line_end it may end in :START-END "
+                            "(or :START, to the end) to pick lines, e.g. "
+                            "/home/me/Notes/Plan.md:40-80."},
     "line_start": {"type": "integer", "minimum": 1,
                    "description": "First line, 1-based (default 1). For a PDF, a page."},
     "line_end": {"type": "integer", "minimum": 1,
@@ -508,9 +509,10 @@ class Server:
         return 0
 
     def handle(self, line: bytes) -> None:
+        log.debug("<- %s", _clip(line))
         try:
-            msg = json.loads(line)
-        except ValueError as e:  # bad JSON or bad UTF-8
+            msg = json.loads(line, parse_constant=_not_json)
+        except ValueError as e:  # bad JSON (NaN and Infinity included) or bad UTF-8
             self.send(_error(None, PARSE_ERROR, f"Parse error: {e}"))
             return
         if isinstance(msg, list):
@@ -710,6 +712,7 @@ class Server:
 
     def send(self, msg: dict) -> None:
         data = json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        log.debug("-> %s", _clip(data))
         with self._write:
             if self.gone:
                 return
@@ -723,6 +726,15 @@ class Server:
 HANDSHAKE_METHODS = {"initialize", "ping", "tools/list", "tools/call"}
 MODERN_METHODS = {"server/discover", "tools/list", "tools/call"}
 METHODS = HANDSHAKE_METHODS | MODERN_METHODS
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _clip(data: bytes, limit: int = 500) -> str:
+    text = data.decode("utf-8", "replace").rstrip("\n")
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def _error(req_id: Any, code: int, message: str, data: Any = None) -> dict:

@@ -38,10 +38,11 @@ class Mcp:
     """A `ragctl mcp` process, its stdout read line by line on a thread. Every line it prints
     must be a JSON-RPC message: anything else on stdout fails the test."""
 
-    def __init__(self, *opts, tmp: Path):
+    def __init__(self, *opts, tmp: Path, verbose: bool = False):
         self.stderr_path = tmp / f"mcp-{time.monotonic_ns()}.stderr"
         self._stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "ragctl", *map(str, opts), "mcp"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "ragctl", *map(str, opts), "mcp",
+                                      *(["--verbose"] if verbose else [])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr)
         self.lines: queue.Queue = queue.Queue()
@@ -351,6 +352,8 @@ def test_bad_requests_get_errors_and_the_server_goes_on(daemon, vault, tmp_path)
         raw = [
             (b"{not json\n", None, -32700),
             (b"\xff\xfe\n", None, -32700),
+            (b'{"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"x": NaN}}\n', None,
+             -32700),
             (b"[]\n", None, -32600),
             (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]\n', None, -32600),
             (b'"ping"\n', None, -32600),
@@ -378,7 +381,7 @@ def test_bad_requests_get_errors_and_the_server_goes_on(daemon, vault, tmp_path)
 
 
 def test_notifications_get_no_reply(tmp_path):
-    with Mcp("--socket", tmp_path / "none.sock", tmp=tmp_path) as m:
+    with Mcp("--socket", tmp_path / "none.sock", tmp=tmp_path, verbose=True) as m:
         for msg in ({"jsonrpc": "2.0", "method": "notifications/initialized"},
                     {"jsonrpc": "2.0", "method": "notifications/cancelled",
                      "params": {"requestId": 12345, "reason": "changed my mind"}},
@@ -390,6 +393,9 @@ def test_notifications_get_no_reply(tmp_path):
         m.nothing()
         assert m.request("ping", req_id="after")["result"] == {}
         assert m.close() == 0
+    log = m.stderr()  # --verbose: every message in and out, on stderr
+    assert '<- {"jsonrpc": "2.0", "method": "notifications/whatever"' in log
+    assert '-> {"jsonrpc":"2.0","id":"after","result":{}}' in log
 
 
 def test_end_of_input_exits_after_answering(daemon, tmp_path):
