@@ -315,8 +315,7 @@ SEARCH_OUT = _object({
 def run_search(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     wanted = {name: args[name] for name in SEARCH_ARGS if name in args}
     res = daemon.call(call, "search", timeout=CALL_TIMEOUT + wanted.get("wait", 0), **wanted)
-    hits = [{key: r.get(key) for key in ("path", "source", "line_start", "line_end", "heading",
-                                         "score", "text", "stale")} for r in res["results"]]
+    hits = [{key: r[key] for key in _HIT["properties"] if key in r} for r in res["results"]]
     out = {"query": res["query"], "mode": res["mode"], "degraded": bool(res.get("degraded")),
            "reason": res.get("reason"), "results": hits}
     return out, search_text(out)
@@ -334,7 +333,7 @@ def search_text(out: dict) -> str:
     lines.append(f"{n} result{'s' * (n != 1)} for {out['query']!r} ({out['mode']}):")
     for i, h in enumerate(out["results"], 1):
         head = f" — {h['heading']}" if h["heading"] else ""
-        stale = "  (file changed since indexed: lines may have moved)" if h["stale"] else ""
+        stale = "  (file changed since indexed: lines may have moved)" if h.get("stale") else ""
         lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']}{head}  "
                       f"(score {h['score']:.4g}){stale}", h["text"]]
     return "\n".join(lines)
@@ -409,17 +408,13 @@ STATUS_OUT = _object({
     "hints": {"type": "array", "items": _STR},
 }, required=("version", "idle", "pending", "sources", "engines"), closed=False)
 
-_ENGINE_KEYS = ("model", "state", "reason", "embedder", "vectors", "pending_texts")
-_SOURCE_KEYS = ("name", "path", "kind", "files", "chunks", "skipped", "failed", "scanning",
-                "watched", "watch_error", "lag_s")
-
-
 def run_status(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     st = daemon.call(call, "status")
     out = {"version": st["version"], "pid": st["pid"], "idle": st["idle"],
            "pending": st["pending"],
-           "sources": [{k: s.get(k) for k in _SOURCE_KEYS} for s in st["sources"]],
-           "engines": {role: {k: e[k] for k in _ENGINE_KEYS if k in e}
+           "sources": [{k: s[k] for k in _SOURCE["properties"] if k in s}
+                       for s in st["sources"]],
+           "engines": {role: {k: e[k] for k in _ENGINE["properties"] if k in e}
                        for role, e in st.get("engines", {}).items()},
            "hints": list(st.get("hints", []))}
     return out, status_text(out)
