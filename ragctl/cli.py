@@ -19,6 +19,7 @@ import tomllib
 from pathlib import Path
 
 from ragd import protocol as P
+from ragctl.paths import split_range
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
@@ -191,6 +192,28 @@ def do_search(args) -> int:
     return 0
 
 
+def do_get(args) -> int:
+    path, start, end = split_range(args.path)
+    kw = {"path": os.path.abspath(os.path.expanduser(path))}
+    kw.update({k: v for k, v in (("line_start", start), ("line_end", end)) if v is not None})
+    res = call(args, "get", **kw)
+
+    def human(res):
+        sys.stdout.write(res["text"] + ("\n" if res["text"] else ""))
+        if res["truncated"]:
+            print(f"ragctl: cut at {res['unit']} {res['line_end']} of {res['lines_total']} (the "
+                  f"reply size limit); continue with {res['path']}:{res['line_end'] + 1}",
+                  file=sys.stderr)
+
+    emit(args, res, human)
+    return 0
+
+
+def do_mcp(args) -> int:
+    from ragctl import mcp  # only this command needs it
+    return mcp.run(args.socket, args.config, verbose=args.verbose)
+
+
 def do_reindex(args) -> int:
     res = call(args, "reindex", source=args.source)
     emit(args, res, lambda r: print(f"reindexing {', '.join(r['queued']) or 'nothing'}"))
@@ -352,6 +375,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=float, metavar="SECONDS",
                    help="first wait (at most this long) for pending changes to be indexed")
     p.set_defaults(func=do_search)
+    p = sub.add_parser("get", parents=[common],
+                       help="print a file of a source, or lines of it (PATH:START-END)")
+    p.add_argument("path", metavar="PATH[:START[-END]]",
+                   help="a file inside a source; :START-END picks lines (1-based, inclusive)")
+    p.set_defaults(func=do_get)
+    p = sub.add_parser("mcp", parents=[common],
+                       help="serve ragd to agents: a Model Context Protocol server on stdio")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every message to stderr")
+    p.set_defaults(func=do_mcp)
     p = sub.add_parser("reindex", parents=[common], help="re-read and re-chunk every file")
     p.add_argument("--source", metavar="NAME", help="only this source")
     p.set_defaults(func=do_reindex)

@@ -24,6 +24,7 @@ from ragd import protocol as P
 from ragd.config import Config
 from ragd.index import gc, store
 from ragd.index.indexer import Indexer
+from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
 from ragd.search.hybrid import MODES, Searcher
 from ragd.engines import download, models
@@ -37,6 +38,7 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "sources": {},
     "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, None),
                "sources": (list, None), "rerank": (bool, None), "wait": ((int, float), 0)},
+    "get": {"path": (str, REQUIRED), "line_start": (int, None), "line_end": (int, None)},
     "reindex": {"source": (str, None)},
     "files": {"source": (str, None), "status": (str, None), "limit": (int, 1000),
               "after": (str, None)},
@@ -300,6 +302,14 @@ class Ops:
             if len(out) == k:
                 break
         return out
+
+    def cmd_get(self, path: str, line_start: int | None, line_end: int | None) -> dict:
+        """The text of a file inside a source, read from disk now (see ragd/ingest/excerpt.py)."""
+        try:
+            source, real = excerpt.locate(path, self.cfg.sources)
+            return excerpt.read_range(source, real, line_start, line_end, self.cfg.max_file_bytes)
+        except excerpt.Refused as e:
+            raise OpError(e.code, e.message) from None
 
     def cmd_reindex(self, source: str | None) -> dict:
         if source is not None and self.cfg.source(source) is None:

@@ -1,0 +1,107 @@
+"""The ``get`` op: the text of a file (or a line range of it) that lies inside a source.
+
+Only files a source would index are served: the path is resolved first (symlinks, ``..``), so a
+link or a ``../`` cannot lead outside the configured folders, and then the source's own rules
+(dot-folders, globs, ``.ragignore``, Obsidian's excluded files) apply to what it points at.
+Lines are counted the way the chunker counts them (``text.split("\\n")``), so a search result's
+``line_start``/``line_end`` read back exactly; for a PDF they are page numbers, as in search.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ragd import protocol as P
+from ragd.config import Source
+from ragd.ingest import documents, sources
+
+# A reply carries at most this much text (UTF-8 bytes); a longer range is cut at a line end and
+# says so ("truncated": true, "line_end" the last line sent), so the client can ask for the rest.
+MAX_TEXT_BYTES = 256 * 1024
+
+
+class Refused(Exception):
+    """The file cannot be served; ``code`` is a protocol error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
+    """The source holding `path` and the file's real path; refuses paths outside every source
+    (checked before anything about the file itself is looked at, so nothing leaks about files
+    elsewhere) and files the source does not index."""
+    if "\0" in path:
+        raise Refused(P.BAD_ARGS, "get: path contains a NUL character")
+    if not os.path.isabs(os.path.expanduser(path)):
+        raise Refused(P.BAD_ARGS, f"get: path must be absolute (as search results give it), "
+                      f"got {path!r}")
+    real = Path(os.path.realpath(os.path.expanduser(path)))
+    holders = [s for s in all_sources if real == s.root or s.root in real.parents]
+    if not holders:
+        raise Refused(P.FORBIDDEN, f"get: {path} is not inside a configured source (sources: "
+                      f"{', '.join(str(s.root) for s in all_sources) or 'none'})")
+    source = max(holders, key=lambda s: len(s.root.parts))  # the innermost of nested sources
+    if real == source.root or real.is_dir():
+        raise Refused(P.NOT_FOUND, f"get: {path} is a folder, not a file")
+    rel = real.relative_to(source.root).as_posix()
+    if not sources.Rules(source).wanted(rel):
+        raise Refused(P.FORBIDDEN, f"get: {path} is excluded from source {source.name!r} by "
+                      f"its rules (dot-folders, include/exclude globs, .ragignore)")
+    if not real.is_file():
+        raise Refused(P.NOT_FOUND, f"get: no file {path}")
+    return source, real
+
+
+def read_range(source: Source, real: Path, line_start: int | None, line_end: int | None,
+               max_file_bytes: int) -> dict:
+    """{path, source, line_start, line_end, lines_total, text, truncated, unit}: lines
+    line_start..line_end (1-based, inclusive; line_end past the end means the end)."""
+    if line_start is not None and line_start < 1:
+        raise Refused(P.BAD_ARGS, f"get: line_start must be >= 1, got {line_start}")
+    if line_end is not None and line_end < (line_start or 1):
+        raise Refused(P.BAD_ARGS, f"get: line_end ({line_end}) is before line_start "
+                      f"({line_start or 1})")
+    unit = "page" if real.suffix.lower() == ".pdf" else "line"
+    shown = sources.printable(str(real))  # a name that is not UTF-8 still goes on the wire
+    try:
+        if unit == "page":
+            sources.read_bytes(real, max_file_bytes)  # the same size limit as indexing
+            parts, sep = documents.pdf_text(real), "\f"
+        else:
+            text = sources.read(real, max_file_bytes).text
+            parts, sep = text.split("\n"), "\n"
+            if parts[-1] == "":  # the file's final newline ends a line; it starts none
+                parts.pop()
+    except sources.Unreadable as e:
+        raise Refused(P.BAD_ARGS, f"get: cannot read {shown}: {e}") from None
+    except documents.NeedsTool as e:
+        raise Refused(P.UNAVAILABLE, f"get: {e}") from None
+    except ValueError as e:  # pdftotext failed
+        raise Refused(P.BAD_ARGS, f"get: cannot read {shown}: {e}") from None
+    total = len(parts)
+    start = line_start or 1
+    if start > max(total, 1):
+        raise Refused(P.BAD_ARGS, f"get: line_start {start} is past the end of {shown} "
+                      f"({total} {unit}s)")
+    end = min(line_end if line_end is not None else total, total)
+    out: list[str] = []
+    size, truncated = 0, False
+    for i in range(start, end + 1):
+        piece = parts[i - 1]
+        cost = len(piece.encode("utf-8")) + (len(sep) if out else 0)
+        if size + cost > MAX_TEXT_BYTES:
+            truncated = True
+            if not out:  # one line over the bound: send its start rather than nothing
+                out.append(piece.encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore"))
+                end = i
+            else:
+                end = i - 1
+            break
+        out.append(piece)
+        size += cost
+    return {"path": shown, "source": source.name, "line_start": start, "line_end": end,
+            "lines_total": total, "text": sep.join(out), "truncated": truncated, "unit": unit}
