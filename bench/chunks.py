@@ -14,20 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from conftest import EMBED_MODEL, VAULTS  # noqa: E402
-from ragd import config  # noqa: E402
-from ragd.config import DEFAULT_INCLUDE, Source  # noqa: E402
-from ragd.engines.models import ResolvedModel  # noqa: E402
-from ragd.engines.supervisor import Engine, EngineSettings  # noqa: E402
-from ragd.ingest import chunker, loader, sources  # noqa: E402
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+from common import EMBED_MODEL, VAULTS, pct
+from ragd import config
+from ragd.config import DEFAULT_INCLUDE, Source
+from ragd.engines.models import ResolvedModel
+from ragd.engines.supervisor import Engine, EngineSettings
+from ragd.ingest import chunker, loader, sources
 
 
 def main() -> None:
@@ -56,10 +48,10 @@ def main() -> None:
             over = sum(t > 508 for t in real)
             print(f"{name}: {len(per_note)} files, {sum(per_note)} chunks")
             print(f"  chunks per file   median {statistics.median(per_note):.0f}  "
-                  f"p95 {pct(per_note, 95)}  max {max(per_note)}")
-            print(f"  tokens per chunk  median {statistics.median(real):.0f}  p95 {pct(real, 95)}  "
+                  f"p95 {pct(per_note, 95):.0f}  max {max(per_note)}")
+            print(f"  tokens per chunk  median {statistics.median(real):.0f}  p95 {pct(real, 95):.0f}  "
                   f"max {max(real)}   (estimate: median {statistics.median(est):.0f}, "
-                  f"p95 {pct(est, 95)})")
+                  f"p95 {pct(est, 95):.0f})")
             print(f"  over the 512-token context: {over} ({over / len(real):.2%})")
     finally:
         engine.stop()

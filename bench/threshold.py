@@ -15,14 +15,10 @@ from __future__ import annotations
 import argparse
 import random
 import re
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
-
-from conftest import EMBED_MODEL, VAULTS, Daemon, wait_embedded, write_config  # noqa: E402
-from scifact import load  # noqa: E402
+from common import EMBED_MODEL, VAULTS, Daemon, pct, ready, write_config
+from scifact import load
 
 
 def ood_queries(n: int, seed: int = 1) -> list[str]:
@@ -58,13 +54,10 @@ def main() -> None:
                        f'[embedding]\nmodel = "{args.model}"\n[search]\nmin_similarity = 0.0\n')
     d = Daemon(cfg, work / "run" / "ragd.sock", work / "threshold.log")
     with d:
-        wait_embedded(d, timeout=7200)
+        ready(d, vectors=True)
         queries, _ = load("train")
         inside = best(d, list(queries.values()))
         outside = best(d, ood_queries(300))
-
-    def pct(xs, p):
-        return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
 
     print(f"best cosine, in-domain ({len(inside)} SciFact train claims): "
           f"p1 {pct(inside, 1):.3f}  p5 {pct(inside, 5):.3f}  p50 {pct(inside, 50):.3f}")

@@ -1,0 +1,91 @@
+"""What every benchmark shares: the daemon from the test fixtures, one percentile, process
+CPU and memory readings, and waiting without polling.
+
+Benchmarks must not load what they measure: they wait for the daemon with its `wait` op (it
+blocks on the daemon's own conditions) instead of asking for its status every few ms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from conftest import (EMBED_MODEL, SHARED, VAULTS, Daemon, copy_vault,  # noqa: E402,F401
+                      write_config)
+
+RESULTS = ROOT / "bench" / "results"
+median = statistics.median
+
+
+def pct(xs, p: float) -> float:
+    """The p-th percentile, linearly interpolated between the closest ranks (numpy's default);
+    the one percentile every bench reports."""
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    pos = (len(xs) - 1) * p / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def quiet_config(cfg: Path) -> Path:
+    """Benchmarks log at info: debug lines cost time in what is measured."""
+    cfg.write_text(cfg.read_text().replace('log_level = "debug"', 'log_level = "info"'))
+    return cfg
+
+
+def ready(d: Daemon, vectors: bool, timeout: float = 7200) -> dict:
+    """Block until indexed (and embedded): the daemon's wait op, no polling."""
+    return d.wait_idle(timeout=timeout, vectors=vectors)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of a process (the engines of a daemon)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def save(name: str, result: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
+
+
+def timed(fn, *args, **kw) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn(*args, **kw)
+    return (time.perf_counter() - t) * 1e3, out
