@@ -50,6 +50,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "startup_timeout": (float, 60.0),
         "max_restarts": (int, 5),
         "restart_window": (float, 300.0),
+        "health_interval": (float, 30.0),
     },
     "embedding": {
         "model": (str, "all-MiniLM-L6-v2"),
@@ -124,6 +125,7 @@ class Config:
     engine_startup_timeout: float = 60.0
     engine_max_restarts: int = 5
     engine_restart_window: float = 300.0
+    engine_health_interval: float = 30.0
     embedding_model: str = "all-MiniLM-L6-v2"
     embedding_pooling: str = ""
     embedding_query_prefix: str | None = None
@@ -240,6 +242,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("search", "candidates", 1), ("search", "rrf_k", 1),
                             ("engines", "threads", 1), ("engines", "startup_timeout", 1),
                             ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
+                            ("engines", "health_interval", 0.5),
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
                             ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
                             ("gc", "grace_hours", 0), ("gc", "interval_hours", 0.01),
@@ -279,6 +282,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   engine_startup_timeout=en["startup_timeout"],
                   engine_max_restarts=en["max_restarts"],
                   engine_restart_window=en["restart_window"],
+                  engine_health_interval=en["health_interval"],
                   embedding_model=em["model"], embedding_pooling=em["pooling"],
                   embedding_query_prefix=em["query_prefix"], embedding_doc_prefix=em["doc_prefix"],
                   embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],

@@ -108,7 +108,7 @@ class Daemon:
             if left <= 0:
                 raise TimeoutError(f"ragd still busy after {timeout}s: {st}")
             with self.client(timeout=left + 30) as c:
-                c.call("wait", timeout=left, vectors=vectors)
+                c.call("wait", timeout=min(left, 3600), vectors=vectors)
                 st = c.call("status")
             if st["idle"] and st["pending"] == 0 and not any(
                     s["scanning"] for s in st["sources"]) and (not vectors or _embedded(st)):

@@ -563,3 +563,33 @@ def test_fuzzed_frames_and_many_clients_never_hurt_the_daemon(make_daemon, tmp_p
         after = rss_kb(d.proc.pid)
         assert after <= before * 1.10 + 2048, (before, after)  # within 10% (+2 MB slack)
         assert d.call("ping")["pid"] == d.proc.pid
+
+
+def test_a_hung_engine_is_found_and_replaced(make_daemon, tmp_path):
+    """An engine that stops answering (SIGSTOP: alive, silent) is found by its failed health
+    checks, killed and started again; search is degraded meanwhile, then hybrid again."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="[engines]\nhealth_interval = 1.0\n"))
+    with d:
+        st = wait_embedded(d)
+        pid = st["engines"]["embedding"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                e = d.call("status")["engines"]["embedding"]
+                if e["pid"] != pid and e["state"] == "ready":
+                    break
+                assert time.monotonic() < deadline, e
+                time.sleep(0.1)
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        assert "hung" in open(tmp_path / "data" / "ragd.log").read()
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # the hung one is gone, not orphaned
+        res = d.call("search", query="make a task repeat", mode="hybrid")
+        assert not res["degraded"] and res["results"]

@@ -32,7 +32,7 @@ class Engines:
         self._stopped = threading.Event()
         self.settings = EngineSettings(cfg.llama_server, cfg.engine_threads,
                                        cfg.engine_startup_timeout, cfg.engine_max_restarts,
-                                       cfg.engine_restart_window)
+                                       cfg.engine_restart_window, cfg.engine_health_interval)
 
     @property
     def configured(self) -> dict[str, str]:

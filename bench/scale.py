@@ -1,0 +1,274 @@
+"""ragd at scale: an index of N chunks built from real text, then the real daemon on it.
+
+    python bench/scale.py --chunks 100000 [--keep DIR] [--real 2000] [--json]
+
+Building (skipped when --keep holds a built index of that size):
+- text: the shared vaults (obsidian-hub, dwarvesf-brain, obsidian-tasks-docs, python-peps) and
+  the SciFact abstracts, copied as many times as it takes to reach N chunks; every copy after
+  the first gets a light perturbation (a word added to each prose line) so that its chunk texts
+  are distinct. Indexed by ragd's own Indexer (in-process, the code the daemon runs).
+- vectors: embedding a million chunks takes about a day on this machine, so only --real
+  distinct base texts are embedded by the real engine; every chunk gets the vector of its base
+  text in the first copy (or of a random embedded base text when its base was not embedded),
+  plus small Gaussian noise, re-normalised. They are stored in the vector space the daemon will
+  find (same model fingerprint and probe vector), so it loads them and embeds nothing.
+
+Measured on the running daemon (BM25 + embedding engine, watching the source):
+- start_s: from starting ragd to ready (engine up, vectors loaded, the scan done) — a restart;
+- idle: CPU of the daemon and its engine over --idle-seconds while nothing happens (% of a
+  core), and its RSS;
+- status: latency of the status op over the socket (p50, p95 of 200 calls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import (EMBED_MODEL, SHARED, VAULTS, Daemon, children, cpu_seconds, pct,
+                    quiet_config, ready, rss_mb, save, write_config)
+from ragd import config
+from ragd.engines.models import ResolvedModel
+from ragd.engines.supervisor import Engine, EngineSettings
+from ragd.index import store
+from ragd.index.embedder import PROBE_TEXT, fingerprint
+from ragd.index.indexer import Indexer
+from ragd.index.vectors import to_blob
+from ragd.ingest.chunker import embed_text
+
+BASES = ["obsidian-hub", "dwarvesf-brain", "obsidian-tasks-docs", "python-peps"]
+PROSE = re.compile(r"^[A-Za-z][^|]*[a-z.]$")  # a line of prose (not a table, list, fence...)
+
+
+def base_files() -> list[tuple[str, bytes]]:
+    """(relative path, content) of every base file: the shared vaults, then SciFact."""
+    out = []
+    for name in BASES:
+        root = VAULTS / name
+        for p in sorted(root.rglob("*")):
+            rel = p.relative_to(root)
+            if p.is_file() and not any(s.startswith(".") for s in rel.parts) and \
+                    p.suffix in (".md", ".rst", ".txt"):
+                out.append((f"{name}/{rel.as_posix()}", p.read_bytes()))
+    for line in open(SHARED / "eval" / "scifact" / "corpus.jsonl", encoding="utf-8"):
+        doc = json.loads(line)
+        out.append((f"scifact/{doc['_id']}.md",
+                    f"# {' '.join(doc['title'].split())}\n\n{doc['text'].strip()}\n".encode()))
+    return out
+
+
+def perturb(data: bytes, k: int) -> bytes:
+    if k == 0:
+        return data
+    lines = data.decode("utf-8", "replace").split("\n")
+    return "\n".join(f"{ln} v{k}" if PROSE.match(ln) else ln for ln in lines).encode()
+
+
+def build(work: Path, n_chunks: int, n_real: int, model_path: Path) -> None:
+    src = work / "notes"
+    data = work / "data"
+    if src.exists():
+        shutil.rmtree(src)
+    if data.exists():
+        shutil.rmtree(data)
+    bases = base_files()
+    cfg = config.from_dict({"daemon": {"data_dir": str(data), "socket": str(work / "s.sock")},
+                            "embedding": {"model": ""},
+                            "sources": [{"name": "notes", "path": str(work)}]}, None)
+    cfg.sources[0] = config.Source("notes", src, "folder", ("**/*.md", "**/*.rst", "**/*.txt"),
+                                   ())
+    store.open_store(cfg.db_path).close()
+    t0 = time.monotonic()
+    copies = 0
+    while True:
+        for rel, content in bases:
+            p = src / f"c{copies:03d}" / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(perturb(content, copies))
+        copies += 1
+        ix = Indexer(cfg, cfg.db_path)
+        ix.start()
+        ix.request_scan()
+        ix.wait_idle(36000)
+        ix.stop()
+        db = store.connect(cfg.db_path)
+        total = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        print(f"  copy {copies}: {total} chunks ({time.monotonic() - t0:.0f} s)", flush=True)
+        if total >= n_chunks:
+            break
+        db.close()
+    # Trim to N chunks: drop whole files of the last copy, from the end.
+    over = total - n_chunks
+    if over > 0:
+        rows = db.execute("SELECT f.id, f.relpath, f.chunks FROM files f WHERE f.relpath LIKE ? "
+                          "ORDER BY f.id DESC", (f"c{copies - 1:03d}/%",)).fetchall()
+        with store.transaction(db):
+            for fid, rel, n in rows:
+                if over <= 0:
+                    break
+                store.delete_file(db, fid)
+                (src / rel).unlink()
+                over -= n
+    total = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+    files = db.execute("SELECT COUNT(*) FROM files").fetchone()[0]
+    print(f"indexed {files} files, {total} chunks in {time.monotonic() - t0:.0f} s", flush=True)
+
+    # Vectors: real for n_real base texts, noisy copies for the rest.
+    model = ResolvedModel(model_path.stem, model_path, "embedding", "mean", 512, "", "", 0.0,
+                          None)
+    engine = Engine("embedding", model, EngineSettings(), work / "raw-run", work / "logs")
+    engine.start()
+    assert engine.wait_ready(120), engine.tail_log()
+    try:
+        rows = db.execute("SELECT f.relpath, c.ordinal, c.embed_hash, c.heading, c.body FROM "
+                          "chunks c JOIN files f ON f.id = c.file_id").fetchall()
+        base_of = {}  # (base relpath, ordinal) -> embed hash in copy 0
+        texts = {}
+        for rel, ordinal, h, heading, body in rows:
+            if rel.startswith("c000/"):
+                base_of[(rel[5:], ordinal)] = h
+                texts.setdefault(h, embed_text(heading, body))
+        rng = random.Random(5)
+        chosen = rng.sample(sorted(texts), min(n_real, len(texts)))
+        t1 = time.monotonic()
+        real: dict[str, np.ndarray] = {}
+        for i in range(0, len(chosen), 16):
+            part = chosen[i:i + 16]
+            fitted = []
+            for h in part:
+                toks = engine.client.tokenize(texts[h])
+                fitted.append(texts[h] if len(toks) <= 508 else
+                              engine.client.detokenize(toks[:508]))
+            for h, v in zip(part, engine.client.embed(fitted)):
+                real[h] = v
+        print(f"embedded {len(real)} real base texts in {time.monotonic() - t1:.0f} s",
+              flush=True)
+        probe = engine.client.embed([PROBE_TEXT])[0]
+        fp = fingerprint(db, model)
+    finally:
+        engine.stop()
+    pool = list(real.values())
+    noise = np.random.default_rng(11)
+    vecs: dict[str, np.ndarray] = {}
+    for rel, ordinal, h, _, _ in rows:
+        if h in vecs:
+            continue
+        base = base_of.get((rel[5:], ordinal))
+        v = real.get(base) if base is not None else None
+        if v is None:
+            v = pool[int(noise.integers(len(pool)))]
+        if h not in real:
+            v = v + noise.normal(0, 0.02, v.shape).astype(np.float32)
+            v = v / np.linalg.norm(v)
+        vecs[h] = v.astype(np.float32)
+    now = time.time()
+    with store.transaction(db):
+        space = db.execute("INSERT INTO spaces (fingerprint, model, dims, probe, created_at, "
+                           "last_used) VALUES (?, ?, ?, ?, ?, ?)",
+                           (fp, model.name, len(probe), to_blob(probe), now, now)).lastrowid
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('active_space', ?)",
+                   (str(space),))
+        db.executemany("INSERT INTO embeddings (space, text_hash, vector, tokens, truncated, "
+                       "created_at) VALUES (?, ?, ?, 0, 0, ?)",
+                       [(space, h, to_blob(v), now) for h, v in vecs.items()])
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    (work / "built.json").write_text(json.dumps({"chunks": total, "files": files,
+                                                 "real": len(real), "model": str(model_path)}))
+
+
+def daemon_for(work: Path, model_path: Path) -> Daemon:
+    cfg = write_config(work / "config.toml", work / "data", work / "run" / "ragd.sock",
+                       [{"name": "notes", "path": str(work / "notes")}],
+                       f'[embedding]\nmodel = "{model_path}"\n')
+    return Daemon(quiet_config(cfg), work / "run" / "ragd.sock", work / "ragd.log")
+
+
+def disk_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.glob("index.sqlite3*")) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunks", type=int, default=100_000)
+    ap.add_argument("--keep", type=Path, help="build (or reuse) the index in this folder")
+    ap.add_argument("--real", type=int, default=2000, help="base texts embedded for real")
+    ap.add_argument("--model", type=Path, default=EMBED_MODEL)
+    ap.add_argument("--idle-seconds", type=float, default=60.0)
+    ap.add_argument("--json", action="store_true", help="end with one JSON line of figures")
+    args = ap.parse_args()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="ragd-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict = {}
+    try:
+        built = work / "built.json"
+        if not built.exists() or json.loads(built.read_text())["chunks"] != args.chunks:
+            print(f"building an index of {args.chunks} chunks in {work}", flush=True)
+            build(work, args.chunks, args.real, args.model)
+        info = json.loads(built.read_text())
+        result.update(chunks=info["chunks"], files=info["files"], real_vectors=info["real"],
+                      disk_mb=round(disk_mb(work / "data"), 1))
+        d = daemon_for(work, args.model)
+        t0 = time.perf_counter()
+        with d:
+            st = ready(d, vectors=True)
+            result["start_s"] = round(time.perf_counter() - t0, 2)
+            e = st["engines"]["embedding"]
+            assert e["vectors"] == info["chunks"], e
+            assert st["totals"]["files_indexed"] == 0, st["totals"]
+            result["texts_embedded_at_start"] = e["embedded_texts"]
+            time.sleep(5)  # let start-up settle (page cache, the first GC is at 60 s)
+            pids = [d.proc.pid, *children(d.proc.pid)]
+            log_path = work / "data" / "ragd.log"
+            log_at = log_path.stat().st_size
+            c0 = sum(cpu_seconds(p) for p in pids)
+            t = time.monotonic()
+            time.sleep(args.idle_seconds)
+            spent = sum(cpu_seconds(p) for p in pids) - c0
+            result["idle_cpu_pct"] = round(100 * spent / (time.monotonic() - t), 3)
+            result["rss_mb"] = round(rss_mb(d.proc.pid), 1)
+            result["engine_rss_mb"] = round(sum(rss_mb(p) for p in pids[1:]), 1)
+            lat = []
+            with d.client() as c:
+                for _ in range(20):
+                    c.call("status")
+                for _ in range(200):
+                    t1 = time.perf_counter()
+                    c.call("status")
+                    lat.append((time.perf_counter() - t1) * 1e3)
+            result["status_p50_ms"] = round(pct(lat, 50), 2)
+            result["status_p95_ms"] = round(pct(lat, 95), 2)
+            with open(log_path, "rb") as f:
+                f.seek(log_at)
+                result["log_lines_while_idle"] = len(f.read().splitlines())
+        print(f"\n{result['chunks']} chunks, {result['files']} files, "
+              f"{result['disk_mb']} MB on disk")
+        print(f"  restart to ready        {result['start_s']} s "
+              f"({result['texts_embedded_at_start']} texts embedded)")
+        print(f"  idle CPU                {result['idle_cpu_pct']} % of a core "
+              f"(daemon + engine, over {args.idle_seconds:.0f} s)")
+        print(f"  RSS                     daemon {result['rss_mb']} MB, engine "
+              f"{result['engine_rss_mb']} MB")
+        print(f"  log lines while idle    {result['log_lines_while_idle']}")
+        print(f"  status over the socket  p50 {result['status_p50_ms']} ms, p95 "
+              f"{result['status_p95_ms']} ms")
+        save(f"scale-{result['chunks']}", result)
+        if args.json:
+            print(json.dumps(result))
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
