@@ -398,3 +398,24 @@ def test_native_engine_answers_as_the_bundled_one_does(tmp_path, llama_server):
         for e in engines.values():
             e.stop()
 
+
+def test_llama_settings_in_the_environment_do_not_reach_the_engine(tmp_path, monkeypatch,
+                                                                   engine_kind):
+    """llama-server reads LLAMA_ARG_* and LLAMA_API_KEY as options: a user's settings for their
+    own llama-server (an API key, a bad value) must not change or break the one ragd runs."""
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine
+
+    monkeypatch.setenv("LLAMA_API_KEY", "a-key-ragd-does-not-send")  # 401 on every request
+    monkeypatch.setenv("LLAMA_ARG_API_KEY_FILE", str(tmp_path / "missing"))  # exits at start
+    model = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
+    engine = Engine("embedding", model, engine_kind.settings(max_restarts=1), tmp_path / "run",
+                    tmp_path / "logs")
+    engine.start()
+    try:
+        assert engine.wait_ready(60), engine.tail_log()
+        engine_kind.check(engine.status())
+        (vec,) = engine.client.embed(["a sentence to embed"])
+        assert vec.shape == (384,)
+    finally:
+        engine.stop()

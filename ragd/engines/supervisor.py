@@ -75,6 +75,15 @@ def command(role: str, model: ResolvedModel, sock: Path, settings: EngineSetting
             "--threads", str(settings.threads)]
 
 
+def child_env() -> dict[str, str]:
+    """The engine's environment: ragd's own, less what llama.cpp reads as command-line options
+    (LLAMA_ARG_*, LLAMA_API_KEY). A user's settings for their own llama-server must not change
+    the server ragd runs: LLAMA_API_KEY, for one, makes /health answer while every embedding
+    request fails with 401, and a bad LLAMA_ARG_* value aborts the server at start."""
+    return {k: v for k, v in os.environ.items()
+            if not (k.startswith("LLAMA_ARG_") or k == "LLAMA_API_KEY")}
+
+
 class Engine:
     def __init__(self, role: str, model: ResolvedModel, settings: EngineSettings,
                  run_dir: Path, log_dir: Path):
@@ -146,7 +155,8 @@ class Engine:
         logf.flush()
         try:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                    start_new_session=True, preexec_fn=_set_pdeathsig)
+                                    env=child_env(), start_new_session=True,
+                                    preexec_fn=_set_pdeathsig)
         finally:
             logf.close()
 
