@@ -63,6 +63,12 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
 
 
 def command(role: str, model: ResolvedModel, sock: Path, settings: EngineSettings) -> list[str]:
+    """The engine's command line. For a native llama-server: a Unix socket only (--host PATH
+    ending in .sock: no TCP port); a context, batch and micro-batch of the model's context, so
+    that one text of up to that many tokens is one micro-batch (an embedding model needs its
+    whole input in one); one slot; the pooling search expects; --embedding, or --reranking for
+    the reranker (/v1/rerank); no web UI. Checked against llama.cpp as vendored in
+    llama-cpp-python 0.3.36 (tests/native_server.py)."""
     ctx = str(model.context)
     if settings.llama_server:
         cmd = [settings.llama_server, "-m", str(model.path), "--host", str(sock),
