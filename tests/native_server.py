@@ -10,7 +10,8 @@ time) and caches the binary outside the checkout:
     (default ~/.cache/ragd-test/llama-server-<version>-<flags>/llama-server)
 
 It is built only when missing (about 8 minutes on 2 cores), under a file lock so that two test
-runs on one machine build it once. A failed build raises NativeBuildError carrying the tail of
+runs on one machine build it once, for this machine's CPU (GGML_NATIVE, llama.cpp's default):
+do not copy the cache to another machine. A failed build raises NativeBuildError carrying the tail of
 the build log (the log itself stays in the cache folder). ``RAGD_LLAMA_SERVER`` names an existing
 binary instead (nothing is built).
 
