@@ -144,7 +144,7 @@ def main() -> None:
             d = Daemon(cfg, tmp / f"r{run}" / "s.sock", tmp / f"d{run}.log")
             t0 = time.perf_counter()
             with d:
-                st = wait_embedded(d, timeout=3600, every=0.25)
+                st = wait_embedded(d, timeout=3600)
                 elapsed = time.perf_counter() - t0
             e = st["engines"]["embedding"]
             assert e["embedded_texts"] == len(inputs) and e["truncated"] == 0, e
