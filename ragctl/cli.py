@@ -296,19 +296,31 @@ def do_models(args) -> int:
             raise Fail("usage: ragctl models pull NAME", 2)
         return _pull(args, args.name)
     res = call(args, "models")
-
-    def human(res):
-        print(f"models folder: {res['dir']}")
-        for m in res["models"]:
-            mark = "installed" if m["installed"] else "         "
-            role = m.get("role") or "?"
-            dims = f"{m['dims']}-d" if m.get("dims") else ""
-            print(f"  {mark}  {m['name']:<24} {role:<9} {dims:<6} {m['source']}")
-        for role, value in res["configured"].items():
-            print(f"configured {role}: {value or '(none)'}")
-
-    emit(args, res, human)
+    emit(args, res, lambda r: print("\n".join(models_lines(r))))
     return 0
+
+
+def models_lines(res: dict) -> list[str]:
+    """`ragctl models` for people. A registry entry whose source was never checked says so:
+    its repo or file name may be wrong, and nothing pins what the download must be."""
+    lines = [f"models folder: {res['dir']}"]
+    for m in res["models"]:
+        mark = "installed" if m["installed"] else "         "
+        role = m.get("role") or "?"
+        dims = f"{m['dims']}-d" if m.get("dims") else ""
+        if m.get("verified") is False:
+            check = "UNVERIFIED source (not checked against the hub)"
+        elif m.get("verified") and m.get("sha256_pinned"):
+            check = "sha256 pinned"
+        elif m.get("verified"):
+            check = "sha256 from the hub at download"
+        else:
+            check = ""  # a local file, or a daemon too old to say
+        lines.append(f"  {mark}  {m['name']:<24} {role:<9} {dims:<6} {m['source']}"
+                     + (f"  [{check}]" if check else ""))
+    for role, value in res["configured"].items():
+        lines.append(f"configured {role}: {value or '(none)'}")
+    return lines
 
 
 def _pull(args, name: str) -> int:

@@ -198,6 +198,58 @@ def small_vault(dest: Path) -> Path:
     return dest
 
 
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    """The native llama-server (tests/native_server.py): built once from the llama.cpp sources
+    on PyPI and cached outside the checkout. A failed build fails the tests that need it, with
+    the tail of the build log; it never skips them."""
+    import native_server
+
+    try:
+        return native_server.ensure()
+    except native_server.NativeBuildError as e:
+        pytest.fail(f"no native llama-server for the tests:\n{e}", pytrace=False)
+
+
+class EngineKind:
+    """Which llama.cpp server ragd runs: the bundled one (xllamacpp) or a native binary."""
+
+    def __init__(self, name: str, binary: Path | None = None):
+        self.name, self.binary = name, binary
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def toml(self, **keys) -> str:
+        """An [engines] table choosing this engine, with any other keys of that table."""
+        if self.binary is not None:
+            keys = {"llama_server": str(self.binary), **keys}
+        return "[engines]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
+
+    def settings(self, **kw):
+        from ragd.engines.supervisor import EngineSettings
+
+        return EngineSettings(llama_server=str(self.binary or ""), **kw)
+
+    def check(self, engine_status: dict) -> None:
+        """The engine ragd reports running is this kind, for real (/proc/PID/exe)."""
+        exe = os.path.realpath(f"/proc/{engine_status['pid']}/exe")
+        if self.binary is None:
+            assert engine_status["engine"].startswith("bundled")
+            assert os.path.basename(exe).startswith("python"), exe
+        else:
+            assert engine_status["engine"] == str(self.binary)
+            assert exe == os.path.realpath(self.binary), exe
+
+
+@pytest.fixture(params=["bundled", "native"])
+def engine_kind(request) -> EngineKind:
+    """Run a test against both engines. The native one is built on first use (cached)."""
+    if request.param == "bundled":
+        return EngineKind("bundled")
+    return EngineKind("native", request.getfixturevalue("llama_server"))
+
+
 def engine_config(embedding=EMBED_MODEL, reranker=None, extra: str = "") -> str:
     toml = f'[embedding]\nmodel = "{embedding}"\n'
     if reranker:

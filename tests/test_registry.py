@@ -1,0 +1,62 @@
+"""The model registry says what was checked: `ragctl models` marks an entry whose source was never
+verified against its publisher, instead of presenting it like the others."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from conftest import ragctl
+from ragctl.cli import models_lines
+from ragd.engines import models
+from ragd.engines.models import ModelSpec
+
+
+def line_of(lines: list[str], name: str) -> str:
+    (line,) = [ln for ln in lines if re.search(rf"\s{re.escape(name)}\s", ln)]
+    return line
+
+
+def test_registry_entries_name_a_source_and_pin_only_checked_hashes():
+    for spec in models.REGISTRY.values():
+        if spec.pypi is not None:
+            assert re.fullmatch(r"[0-9a-f]{64}", spec.pypi.safetensors_sha256), spec.name
+        else:
+            assert spec.hf_repo and spec.hf_repo.count("/") == 1, spec.name
+            assert spec.hf_file and spec.hf_file.endswith(".gguf"), spec.name
+        if spec.sha256 is not None:
+            assert re.fullmatch(r"[0-9a-f]{64}", spec.sha256), spec.name
+            assert spec.verified, f"{spec.name}: a pinned sha256 nobody checked"
+
+
+def test_unverified_entries_are_shown_as_unverified(monkeypatch, tmp_path):
+    monkeypatch.setitem(models.REGISTRY, "guessed-embedder", ModelSpec(
+        "guessed-embedder", "embedding", 384, "mean", 512, hf_repo="someone/guessed-GGUF",
+        hf_file="guessed.Q8_0.gguf"))
+    folder = models.models_dir(tmp_path)
+    folder.mkdir()
+    (folder / "my-own.gguf").write_bytes(b"GGUF")
+    res = {"dir": str(folder), "configured": {"embedding": "all-MiniLM-L6-v2", "reranker": ""},
+           "models": models.list_models(tmp_path)}
+    lines = models_lines(res)
+    assert "UNVERIFIED" in line_of(lines, "guessed-embedder")
+    assert sum("UNVERIFIED" in ln for ln in lines) == 1
+    assert "[sha256 pinned]" in line_of(lines, "nomic-embed-text-v1.5")
+    assert "[sha256 pinned]" in line_of(lines, "all-MiniLM-L6-v2")
+    assert "[sha256 from the hub at download]" in line_of(lines, "e5-small-v2")
+    own = line_of(lines, "my-own")
+    assert "local file" in own and "[" not in own
+
+
+def test_ragctl_models_reports_what_was_verified(make_daemon):
+    d = make_daemon()
+    with d:
+        out = ragctl("--config", d.config, "models")
+        listed = json.loads(ragctl("--config", d.config, "--json", "models").stdout)
+    assert out.returncode == 0, out.stderr
+    rows = {m["name"]: m for m in listed["models"]}
+    for name, spec in models.REGISTRY.items():
+        assert rows[name]["verified"] is spec.verified
+        assert rows[name]["sha256_pinned"] is bool(spec.pypi or spec.sha256)
+        line = line_of(out.stdout.splitlines(), name)
+        assert ("UNVERIFIED" in line) is (not spec.verified)
