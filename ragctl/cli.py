@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import select
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 from ragd import protocol as P
@@ -76,13 +76,15 @@ def do_start(args) -> int:
     path = P.socket_path(None, args.config, env)
     info = _ping(path)
     if info is not None:
+        if args.source:  # add them to the running daemon (its config), or say why not
+            return _add_sources(args, args.source, running=True)
         print(f"ragd is already running (pid {info['pid']})")
         return 0
+    if args.source:  # the config is the truth: the folders go into it, then ragd starts
+        _add_sources(args, args.source, running=False)
     cmd = [sys.executable, "-m", "ragd", "--background"]
     if args.config:
         cmd += ["--config", os.path.abspath(args.config)]
-    for s in args.source:
-        cmd += ["--source", s]
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=err, start_new_session=True)
@@ -96,6 +98,8 @@ def do_start(args) -> int:
             info = _ping(path)
             if info is not None:
                 print(f"ragd started (pid {info['pid']}, socket {path})")
+                if _interactive(args):
+                    _progress(args, path)
                 return 0
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
@@ -103,10 +107,120 @@ def do_start(args) -> int:
                    f"see its log")
 
 
+def _interactive(args) -> bool:
+    """Progress lines only for a person at a terminal: not when piped, not with --json."""
+    return not args.json and sys.stdout.isatty()
+
+
+def _progress(args, sock, what: str = "indexing") -> None:
+    """A progress line while ragd indexes (files, chunks, vectors, rate, ETA), until the
+    keyword index is complete; then one line on the embedding still to come. Ctrl-C stops
+    watching, not ragd."""
+    t0 = time.monotonic()
+    first_vectors = None
+    try:
+        with P.Client(sock, timeout=30) as c:
+            while True:
+                st = c.call("status")
+                files = sum(s["files"] for s in st["sources"])
+                chunks = sum(s["chunks"] for s in st["sources"])
+                e = st.get("engines", {}).get("embedding", {})
+                vectors, todo = e.get("vectors", 0), e.get("pending_texts")
+                elapsed = time.monotonic() - t0
+                line = f"{what}: {files} files, {chunks} chunks"
+                if st["pending"]:
+                    rate = files / elapsed if elapsed > 0 else 0
+                    eta = f", ~{st['pending'] / rate:.0f} s left" if rate else ""
+                    line += f", {st['pending']} files to go ({rate:.0f} files/s{eta})"
+                if e:
+                    line += f"; {vectors} vectors"
+                print(f"\r{line[:150]:<150}", end="", flush=True)
+                if st["idle"] and st["pending"] == 0:
+                    break
+                if first_vectors is None and vectors:
+                    first_vectors = (time.monotonic(), vectors)
+                time.sleep(0.5)
+        print()
+        if e and todo:
+            rate = None
+            if first_vectors and time.monotonic() > first_vectors[0] + 1:
+                rate = (vectors - first_vectors[1]) / (time.monotonic() - first_vectors[0])
+            eta = f" (~{todo / rate / 60:.0f} min at {rate:.0f} texts/s)" if rate else ""
+            print(f"embedding {todo} texts in the background{eta}; search works now and "
+                  f"leans on keywords until the vectors are in ('ragctl status' shows progress)")
+        elif e.get("embedder") in ("waiting for engine", "loading vectors"):
+            print("the embedding engine is starting; vectors follow in the background")
+    except KeyboardInterrupt:
+        print("\nragd goes on in the background ('ragctl status' shows where it is)")
+    except (OSError, P.ProtocolError, P.DaemonError):
+        print()
+
+
+def _add_sources(args, folders: list[str], running: bool) -> int:
+    """Add folders as sources to the config file (the running daemon's, else the one ragd
+    would read, created from the documented default when missing) and reload a running
+    daemon. A folder that cannot be added fails the command with the reason."""
+    from ragctl import configfile  # tomlkit: only the commands that edit need it
+    info = None
+    if running:
+        st = call(args, "status")
+        info = st.get("config")
+    path = configfile.target(args.config, info)
+    before = path.read_text(encoding="utf-8") if path.exists() else None
+    added = []
+    try:
+        for folder in folders:
+            name, new = configfile.add_source(path, Path(folder), getattr(args, "name", None),
+                                              getattr(args, "kind", None))
+            if new:
+                added.append(name)
+                print(f"added source {name!r} ({Path(folder).expanduser().resolve()}) to "
+                      f"{path}")
+            else:
+                print(f"{Path(folder).expanduser().resolve()} is already the source {name!r} "
+                      f"in {path}")
+    except configfile.ConfigFileError as e:
+        configfile.restore(path, before)
+        raise Fail(str(e), 2)
+    if running and added:
+        try:
+            res = call(args, "reload", timeout=60)
+        except P.DaemonError as e:
+            configfile.restore(path, before)
+            raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was", 1)
+        print(f"ragd is indexing {', '.join(res['added'])} now")
+        if _interactive(args):
+            _progress(args, P.socket_path(args.socket, args.config))
+    elif added:
+        print("'ragctl start' indexes it" if not running else "")
+    return 0
+
+
+def do_service(args) -> int:
+    from ragctl import service
+    if args.action == "install":
+        sock = P.socket_path(args.socket, args.config)
+        if _ping(sock) is not None and not args.no_start:
+            print("stopping the ragd started by 'ragctl start': the service runs it from now on")
+            do_stop(args)
+        config = os.path.abspath(args.config) if args.config else None
+        try:
+            done = service.install(config, start=not args.no_start)
+        except RuntimeError as e:
+            raise Fail(str(e))
+    else:
+        done = service.uninstall()
+    emit(args, {"done": done}, lambda r: print("\n".join(r["done"])))
+    return 0
+
+
 def do_stop(args) -> int:
     try:
         result = call(args, "stop")
     except Fail as e:
+        if args.json:
+            print(json.dumps({"running": False, "message": str(e).split(";")[0]}))
+            return 1
         raise Fail(str(e).split(";")[0])
     pid = result["pid"]
     deadline = time.monotonic() + STOP_TIMEOUT
@@ -120,76 +234,165 @@ def do_stop(args) -> int:
         time.sleep(0.02)
     else:
         raise Fail(f"ragd (pid {pid}) is still stopping after {STOP_TIMEOUT:.0f}s")
-    print(f"ragd stopped (pid {pid})")
+    emit(args, {"stopped": True, "pid": pid}, lambda r: print(f"ragd stopped (pid {pid})"))
     return 0
+
+
+def do_reload(args) -> int:
+    res = call(args, "reload", timeout=60)
+
+    def human(r):
+        print(f"reloaded {r['config'] or 'the built-in defaults'}")
+        for key, label in (("added", "sources added"), ("removed", "sources removed (purged)"),
+                           ("changed", "sources changed (re-read)")):
+            if r[key]:
+                print(f"  {label}: {', '.join(r[key])}")
+        if r.get("rechunk"):
+            print("  chunk size changed: every file is re-chunked")
+        if r["restart_needed"]:
+            print(f"  a restart is needed for: {', '.join(r['restart_needed'])} "
+                  f"('ragctl stop && ragctl start')")
+
+    emit(args, res, human)
+    return 0
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def do_status(args) -> int:
     st = call(args, "status")
 
     def human(st):
-        print(f"ragd {st['version']}  pid {st['pid']}  up {st['uptime_s']:.0f}s  "
-              f"pending {st['pending']}{'' if st['idle'] else '  (indexing)'}")
+        state = st.get("indexer", "idle" if st["idle"] else "indexing")
+        pending = f", {st['pending']} files pending" if st["pending"] else ""
+        print(f"ragd {st['version']}  pid {st['pid']}  up {_ago(st['uptime_s'])}  "
+              f"{state}{pending}")
+        print(f"config {st.get('config') or 'built-in defaults'}")
         print(f"data {st['data_dir']}\nsocket {st['socket']}")
         if not st["sources"]:
-            print("no sources configured: add [[sources]] to your config.toml")
+            print("no sources: add one with 'ragctl sources add PATH'")
         for hint in st.get("hints", []):
             print(hint)
         for s in st["sources"]:
             extra = "".join(f", {s[k]} {k}" for k in ("skipped", "failed") if s[k])
             print(f"  {s['name']:<20} {s['files']:>7} files {s['chunks']:>8} chunks{extra}"
                   f"  {s['kind']}  {s['path']}")
-            if s.get("lag_s"):
-                print(f"    index lag: {s['lag_s']:.1f}s")
+            watched = "watched" if s.get("watched") else "not watched"
+            print(f"    {watched}, index lag {_ago(s.get('lag_s') or 0.0)}"
+                  + (f", last scan {time.strftime('%H:%M:%S', time.localtime(s['last_scan']))}"
+                     if s.get("last_scan") else ""))
             if s.get("watch_error"):
                 print(f"    not watched: {s['watch_error']}")
             if s.get("last_error"):
-                print(f"    last error: {s['last_error']}")
+                print(f"    last error: {_one_line(s['last_error'])}")
         for role, e in st.get("engines", {}).items():
             line = f"{role} engine: {e.get('state')}  model {e.get('model')}"
             if role == "embedding" and "vectors" in e:
-                line += (f"  {e['vectors']} vectors, {e['pending_texts']} texts to embed "
-                         f"({e['embedder']})")
+                chunks = sum(s["chunks"] for s in st["sources"]) or 0
+                todo = e.get("pending_texts")
+                left = ("counting the texts to embed" if todo is None else
+                        f"{todo} texts to embed" if todo else "every chunk embedded")
+                pct = f" ({100 * min(e['vectors'], chunks) / chunks:.0f}%)" if chunks else ""
+                line += f"  {e['vectors']} vectors{pct}, {left} ({e['embedder']})"
             print(line)
             for note in (e.get("space_note"), e.get("reason")):
                 if note:
                     print("    " + note.replace("\n", "\n    "))
+        bad = [t for t in st.get("threads", []) if t["restarts"] or t["state"] != "running"]
+        for t in bad:
+            print(f"thread {t['name']}: {t['state']}, {t['restarts']} restarts"
+                  + (f"; last error: {t['last_error']}" if t.get("last_error") else ""))
 
     emit(args, st, human)
     return 0
 
 
 def do_search(args) -> int:
-    kw = {"query": args.query}
-    for key in ("mode", "k", "rerank", "wait"):
-        if getattr(args, key) is not None:
+    query = " ".join(args.query)
+    if not query.strip():
+        raise Fail("empty query: say what to search for", 2)
+    kw = {"query": query}
+    for key in ("mode", "k", "rerank", "wait", "path", "tag", "since", "before"):
+        if getattr(args, key, None) is not None:
             kw[key] = getattr(args, key)
     if args.source:
         kw["sources"] = args.source
-    res = call(args, "search", **kw)
+    res = call(args, "search", timeout=90, **kw)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
     def human(res):
         notes = []
         if res.get("degraded"):
-            notes.append(f"degraded to BM25: {res.get('reason')}")
+            notes.append(f"keywords only: {res.get('reason')}")
+        elif res.get("vector_coverage") is not None and res["vector_coverage"] < 1:
+            notes.append(f"vectors cover {100 * res['vector_coverage']:.0f}% of the index so "
+                         f"far: results lean on keywords until embedding is done")
+        if res.get("below_threshold"):
+            notes.append("no close meaning match: these results match the query's words")
         if res.get("rerank_reason"):
             notes.append(f"not reranked: {res['rerank_reason']}")
         for note in notes:
             print(f"({note})")
         if not res["results"]:
             print(f"no results ({res.get('reason') or 'nothing matched'})")
+        terms = _terms(query)
         for i, r in enumerate(res["results"], 1):
-            head = f" — {r['heading']}" if r["heading"] else ""
+            lines = r["text"].split("\n")
+            at = r.get("match_lines") or []
+            first = at[0] if at else r["line_start"]
+            title = r.get("title") or Path(r["path"]).stem
+            head = r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else ""
+            more = f"  (+{r['more']} more in this note)" if r.get("more") else ""
             stale = "  (changed since indexed)" if r.get("stale") else ""
-            print(f"{i:>2}. {r['path']}:{r['line_start']}-{r['line_end']}  "
-                  f"[{r['score']:.3f}]{head}{stale}")
-            snippet = " ".join(r["text"].split())
-            print(f"    {snippet[:200]}{'…' if len(snippet) > 200 else ''}")
+            unsaved = "  (unsaved)" if r.get("unsaved") else ""
+            name = _bold(title, color)
+            print(f"{i:>2}. {name}{' — ' + head if head else ''}  [{r['score']:.3f}]"
+                  f"{more}{stale}{unsaved}")
+            shown = [n for n in at if r["line_start"] <= n <= r["line_end"]][:3] or \
+                [r["line_start"] + k for k, ln in enumerate(lines) if ln.strip()][:2]
+            print(f"    {_one_line(r['path'])}:{first}")
+            for n in shown:
+                k = n - r["line_start"]
+                text = lines[k].strip() if 0 <= k < len(lines) else ""
+                print(f"    {n:>5}: {_mark(_one_line(text)[:160], terms, color)}")
 
     out = {k: res[k] for k in ("query", "mode", "elapsed_ms", "results")}
     out.update({k: v for k, v in res.items() if k not in out})
     emit(args, out, human)
     return 0
+
+
+_STOP = frozenset("a an and are as at be by can do does for from has have how i if in is it "
+                  "its my of on or so that the this to was what when where which who why will "
+                  "with you your".split())
+
+
+def _terms(query: str) -> list[str]:
+    """The query's words to mark in results, cut to a stem-ish prefix (FTS5 stems with
+    porter: 'repeating' matched 'repeat')."""
+    out = []
+    for w in re.findall(r"\w+", query.lower()):
+        if w in _STOP or len(w) < 2:
+            continue
+        for suffix in ("ing", "ed", "es", "s"):
+            if len(w) > len(suffix) + 3 and w.endswith(suffix):
+                w = w[: -len(suffix)]
+                break
+        out.append(w)
+    return sorted(set(out), key=len, reverse=True)
+
+
+def _mark(text: str, terms: list[str], color: bool) -> str:
+    if not terms or not color:
+        return text
+    pattern = re.compile(r"\b(" + "|".join(re.escape(t) for t in terms) + r")\w*", re.I)
+    return pattern.sub(lambda m: f"\033[1;31m{m.group(0)}\033[0m", text)
+
+
+def _bold(text: str, color: bool) -> str:
+    return f"\033[1m{text}\033[0m" if color else text
 
 
 def do_get(args) -> int:
@@ -217,19 +420,64 @@ def do_mcp(args) -> int:
 def do_reindex(args) -> int:
     res = call(args, "reindex", source=args.source)
     emit(args, res, lambda r: print(f"reindexing {', '.join(r['queued']) or 'nothing'}"))
+    if _interactive(args):
+        _progress(args, P.socket_path(args.socket, args.config), "reindexing")
     return 0
 
 
 def do_sources(args) -> int:
-    res = call(args, "sources")
+    if args.action == "add":
+        if not args.path:
+            raise Fail("usage: ragctl sources add PATH [--name NAME] [--kind obsidian|folder]", 2)
+        running = _ping(P.socket_path(args.socket, args.config)) is not None
+        return _add_sources(args, [args.path], running)
+    if args.action == "remove":
+        if not args.path:
+            raise Fail("usage: ragctl sources remove NAME", 2)
+        return _remove_source(args, args.path)
+    try:
+        res = call(args, "sources")
+        where = "ragd"
+    except Fail:  # not running: the config file says what they are
+        from ragctl import configfile
+        path = configfile.target(args.config, None)
+        try:
+            res = configfile.sources(path)
+        except configfile.ConfigFileError as e:
+            raise Fail(str(e), 2)
+        where = str(path) if path.exists() else None
 
     def human(rows):
         if not rows:
-            print("no sources configured")
+            print("no sources configured: add one with 'ragctl sources add PATH'")
         for s in rows:
             print(f"{s['name']:<20} {s['kind']:<9} {s['path']}")
+        if where != "ragd":
+            print(f"(ragd is not running; from {where or 'the built-in defaults'})")
 
     emit(args, res, human)
+    return 0
+
+
+def _remove_source(args, name: str) -> int:
+    from ragctl import configfile
+    sock = P.socket_path(args.socket, args.config)
+    running = _ping(sock) is not None
+    path = configfile.target(args.config, call(args, "status").get("config") if running else None)
+    before = path.read_text(encoding="utf-8") if path.exists() else None
+    try:
+        configfile.remove_source(path, name)
+    except configfile.ConfigFileError as e:
+        raise Fail(str(e), 2)
+    print(f"removed source {name!r} from {path}")
+    if running:
+        try:
+            call(args, "reload", timeout=60)
+        except P.DaemonError as e:
+            configfile.restore(path, before)
+            raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was")
+        print("ragd no longer searches it; its index rows are purged (its embeddings stay "
+              "cached for the GC grace period, so adding it back embeds nothing)")
     return 0
 
 
@@ -361,22 +609,43 @@ def _common(top: bool) -> argparse.ArgumentParser:
     return common
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ragd")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def parser() -> argparse.ArgumentParser:
     common = _common(top=False)
     ap = argparse.ArgumentParser(prog="ragctl", parents=[_common(top=True)],
                                  description="Talk to the ragd retrieval daemon.")
+    ap.add_argument("--version", action="version", version=f"ragctl {_version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("start", parents=[common], help="start ragd in the background")
     p.add_argument("--source", metavar="PATH", action="append", default=[],
-                   help="also index this folder for this run (repeatable)")
+                   help="add this folder to the config's sources (created from the documented "
+                        "default when missing) and index it; on a running ragd too "
+                        "(repeatable)")
     p.set_defaults(func=do_start)
+    p = sub.add_parser("service", parents=[common],
+                       help="run ragd as a user service (systemd, launchd): install, uninstall")
+    p.add_argument("action", choices=["install", "uninstall"])
+    p.add_argument("--no-start", action="store_true",
+                   help="install: only write the unit file")
+    p.set_defaults(func=do_service)
+    p = sub.add_parser("reload", parents=[common],
+                       help="read the config again: sources added, removed or changed apply now")
+    p.set_defaults(func=do_reload)
     p = sub.add_parser("stop", parents=[common], help="stop ragd")
     p.set_defaults(func=do_stop)
     p = sub.add_parser("status", parents=[common], help="what ragd is doing and holds")
     p.set_defaults(func=do_status)
     p = sub.add_parser("search", parents=[common], help="search the index")
-    p.add_argument("query", help="free text; \"quoted phrases\" stay phrases")
+    p.add_argument("query", nargs="+", help="free text (quotes optional); \"quoted phrases\" "
+                   "stay phrases")
     p.add_argument("-k", type=int, help="number of results (default: search.k in the config)")
     p.add_argument("--mode", choices=["hybrid", "vector", "bm25"],
                    help="ranking (default: search.mode in the config, hybrid)")
@@ -386,6 +655,12 @@ def parser() -> argparse.ArgumentParser:
                    help="search only this source (repeatable)")
     p.add_argument("--wait", type=float, metavar="SECONDS",
                    help="first wait (at most this long) for pending changes to be indexed")
+    p.add_argument("--path", metavar="GLOB",
+                   help="only files whose path (relative to its source) matches, e.g. "
+                        "'Projects/*'")
+    p.add_argument("--tag", metavar="TAG", help="only notes with this tag (a/b matches a)")
+    p.add_argument("--since", metavar="DATE", help="only files changed since (YYYY-MM-DD)")
+    p.add_argument("--before", metavar="DATE", help="only files changed before (YYYY-MM-DD)")
     p.set_defaults(func=do_search)
     p = sub.add_parser("get", parents=[common],
                        help="print a file of a source, or lines of it (PATH:START-END)")
@@ -399,7 +674,14 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reindex", parents=[common], help="re-read and re-chunk every file")
     p.add_argument("--source", metavar="NAME", help="only this source")
     p.set_defaults(func=do_reindex)
-    p = sub.add_parser("sources", parents=[common], help="list the configured sources")
+    p = sub.add_parser("sources", parents=[common],
+                       help="list the sources; 'sources add PATH', 'sources remove NAME'")
+    p.add_argument("action", nargs="?", choices=["list", "add", "remove"], default="list")
+    p.add_argument("path", nargs="?", metavar="PATH|NAME",
+                   help="add: the folder; remove: the source's name")
+    p.add_argument("--name", help="add: the source's name (default: the folder's name)")
+    p.add_argument("--kind", choices=["obsidian", "folder"],
+                   help="add: default obsidian if the folder has .obsidian/, else folder")
     p.set_defaults(func=do_sources)
     p = sub.add_parser("files", parents=[common],
                        help="every file ragd has seen: status, reason, chunks")
@@ -452,7 +734,10 @@ def main(argv=None) -> int:
     except (ConnectionError, TimeoutError, P.ProtocolError) as e:
         print(f"ragctl: lost the connection to ragd: {e}", file=sys.stderr)
         return 1
-    except (tomllib.TOMLDecodeError, OSError) as e:
+    except P.ConfigUnreadable as e:
+        print(f"ragctl: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
         print(f"ragctl: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

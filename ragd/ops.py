@@ -8,6 +8,7 @@ Every op declares its arguments in ARGS (name -> type, default; REQUIRED for non
 from __future__ import annotations
 
 import base64
+import datetime
 import math
 import os
 import queue
@@ -26,6 +27,8 @@ from ragd.index import gc, store
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
+from ragd.search import bm25
+from ragd.search.filters import Filters
 from ragd.search.hybrid import MODES, Searcher
 from ragd.engines import download, models
 from ragd.server import AfterReply, OpError, Stream
@@ -37,7 +40,9 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "status": {},
     "sources": {},
     "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, None),
-               "sources": (list, None), "rerank": (bool, None), "wait": ((int, float), 0)},
+               "sources": (list, None), "rerank": (bool, None), "wait": ((int, float), 0),
+               "path": (str, None), "tag": (str, None), "since": ((int, float, str), None),
+               "before": ((int, float, str), None)},
     "get": {"path": (str, REQUIRED), "line_start": (int, None), "line_end": (int, None)},
     "reindex": {"source": (str, None)},
     "files": {"source": (str, None), "status": (str, None), "limit": (int, 1000),
@@ -47,6 +52,7 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "wait": {"timeout": ((int, float), 60), "vectors": (bool, False)},
     "models": {},
     "models_pull": {"name": (str, REQUIRED)},
+    "reload": {},
     "stop": {},
 }
 
@@ -123,7 +129,8 @@ class ReadPool:
 
 
 class Ops:
-    def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None]):
+    def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None],
+                 reload: Callable[[], dict] | None = None):
         self.cfg = cfg
         self.indexer = indexer
         self.engines = engines
@@ -131,6 +138,7 @@ class Ops:
         self.watcher = None  # set by the daemon once watching starts
         self.events = indexer.events
         self.request_stop = request_stop
+        self.reload = reload
         self.reads = ReadPool(cfg.db_path)
         self.started = time.time()
         self.stopping = threading.Event()
@@ -166,7 +174,7 @@ class Ops:
         per_source = []
         for s in self.cfg.sources:
             c = counts.get(s.name, {})
-            st = self.indexer.stats.per_source[s.name]
+            st = self.indexer.source_state(s.name)
             per_source.append({
                 "name": s.name, "path": str(s.root), "kind": s.kind,
                 "files": c.get("indexed", 0), "skipped": c.get("skipped", 0),
@@ -245,9 +253,29 @@ class Ops:
         done = self._wait_fresh(timeout, vectors=vectors)
         return {"idle": done, "waited_ms": round((time.monotonic() - t0) * 1e3, 1)}
 
+    def filters(self, op: str, sources: list | None, path: str | None = None,
+                tag: str | None = None, since=None, before=None) -> Filters:
+        """Check the filter arguments of a search-like op. Rows of a source no longer
+        configured (being purged) are never answered from."""
+        if sources is not None:
+            bad = [s for s in sources if not isinstance(s, str) or self.cfg.source(s) is None]
+            if bad:
+                raise OpError(P.NOT_FOUND, f"{op}: no source named {bad[0]!r}; known: "
+                              f"{', '.join(s.name for s in self.cfg.sources) or 'none'}")
+        elif self.indexer.unconfigured:
+            sources = [s.name for s in self.cfg.sources]
+        if tag is not None and not tag.lstrip("#"):
+            raise OpError(P.BAD_ARGS, f"{op}: 'tag' is empty")
+        return Filters(sources=tuple(sources) if sources is not None else None,
+                       path=path or None, tag=tag,
+                       since=_when(op, "since", since), before=_when(op, "before", before))
+
     def cmd_search(self, query: str, k: int | None, mode: str | None, sources: list | None,
-                   rerank: bool | None, wait: float) -> dict:
+                   rerank: bool | None, wait: float, path: str | None = None,
+                   tag: str | None = None, since=None, before=None) -> dict:
         t0 = time.perf_counter()
+        if not query.strip():
+            raise OpError(P.BAD_ARGS, "search: empty query")
         if not 0 <= wait <= 60:
             raise OpError(P.BAD_ARGS, f"search: 'wait' must be between 0 and 60 s, got {wait}")
         fresh = self._wait_fresh(wait) if wait else None
@@ -258,14 +286,12 @@ class Ops:
         if mode not in MODES:
             raise OpError(P.BAD_ARGS, f"search: mode must be one of {', '.join(MODES)}, "
                           f"got {mode!r}")
-        if sources is not None:
-            bad = [s for s in sources if not isinstance(s, str) or self.cfg.source(s) is None]
-            if bad:
-                raise OpError(P.NOT_FOUND, f"search: no source named {bad[0]!r}; "
-                              f"known: {', '.join(s.name for s in self.cfg.sources) or 'none'}")
+        filters = self.filters("search", sources, path, tag, since, before)
         with self.reads.conn() as db:
-            ranked, info = self.searcher.run(db, query, k, mode, sources, rerank)
+            ranked, info = self.searcher.run(db, query, k, mode, filters, rerank)
             results = self._results(db, [(c.chunk_id, c.score, c.parts) for c in ranked], k)
+        for r in results:
+            r["match_lines"] = bm25.matching_lines(r["text"], r["line_start"], query)
         reply = {"query": query, "mode": info["mode"],
                  "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), "results": results}
         reply.update({key: v for key, v in info.items() if key not in ("mode", "nothing_relevant")})
@@ -330,11 +356,13 @@ class Ops:
         if not 1 <= limit <= FILES_PAGE_MAX:
             raise OpError(P.BAD_ARGS, f"files: 'limit' must be between 1 and {FILES_PAGE_MAX}")
         cursor = _decode_cursor(after) if after else None
+        names = [s.name for s in self.cfg.sources] if source is None else [source]
         sql = ("SELECT f.source, f.relpath, f.status, f.reason, f.size, f.indexed_at, f.chunks "
-               "FROM files f WHERE (? IS NULL OR f.source = ?) AND (? IS NULL OR f.status = ?) "
+               f"FROM files f WHERE f.source IN ({','.join('?' * len(names))}) "
+               "AND (? IS NULL OR f.status = ?) "
                + ("AND (f.source, f.relpath) > (?, ?) " if cursor else "")
                + "ORDER BY f.source, f.relpath LIMIT ?")
-        params = [source, source, status, status, *(cursor or ()), limit + 1]
+        params = [*names, status, status, *(cursor or ()), limit + 1]
         with self.reads.conn() as db:
             rows = db.execute(sql, params).fetchall()
         more = len(rows) > limit
@@ -420,6 +448,18 @@ class Ops:
         return Stream(*_progress_stream(lambda progress: download.download(
             url, dest, sha, progress=progress), name))
 
+    def cmd_reload(self) -> dict:
+        """Read the config file again and apply it: sources added, removed or changed take
+        effect at once; the reply says what needs a restart."""
+        if self.reload is None:
+            raise OpError(P.UNAVAILABLE, "reload: not available")
+        from ragd.runtime import ReloadError  # late: runtime imports ops
+        try:
+            return self.reload()
+        except ReloadError as e:
+            raise OpError(P.BAD_CONFIG, f"reload: {e}; ragd goes on with the config in "
+                          f"force") from None
+
     def cmd_stop(self) -> dict:
         self.stopping.set()
         return AfterReply({"stopping": True, "pid": os.getpid()}, self.request_stop)
@@ -441,6 +481,19 @@ def _decode_cursor(text: str) -> tuple[str, str | bytes]:
     except Exception:
         raise OpError(P.BAD_ARGS, "files: 'after' is not a cursor this ragd gave") from None
     return source, relpath
+
+
+def _when(op: str, name: str, value) -> float | None:
+    """A time filter: Unix seconds, or an ISO date / date-time (local time)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return datetime.datetime.fromisoformat(value.strip()).timestamp()
+        except ValueError:
+            raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be a date (YYYY-MM-DD), a date-time "
+                          f"or Unix seconds, got {value!r}") from None
+    return float(value)
 
 
 def _changed(path, size: int, mtime_ns: int) -> bool:

@@ -48,9 +48,10 @@ FORBIDDEN = "forbidden"  # the peer is another user; the connection is closed
 SHUTTING_DOWN = "shutting_down"  # the daemon is stopping
 INTERNAL = "internal"  # a bug in ragd; the message carries the exception
 REPLY_TOO_LARGE = "reply_too_large"  # the reply would exceed MAX_FRAME; ask for less
+BAD_CONFIG = "bad_config"  # reload: the config file cannot be used (the old one stays)
 
 ERROR_CODES = (BAD_FRAME, FRAME_TOO_LARGE, BAD_REQUEST, UNKNOWN_OP, BAD_ARGS, NOT_FOUND,
-               UNAVAILABLE, FORBIDDEN, SHUTTING_DOWN, INTERNAL, REPLY_TOO_LARGE)
+               UNAVAILABLE, FORBIDDEN, SHUTTING_DOWN, INTERNAL, REPLY_TOO_LARGE, BAD_CONFIG)
 
 MSGPACK = "msgpack"
 JSONL = "jsonl"
@@ -67,6 +68,10 @@ class DaemonError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class ConfigUnreadable(Exception):
+    """The config file cannot be read to find the socket; the message names the file."""
 
 
 class NotRunning(Exception):
@@ -146,8 +151,13 @@ def socket_path(cli_socket=None, cli_config=None, env=os.environ) -> Path:
     cfg = find_config(cli_config, env)
     table = None
     if cfg is not None and cfg.exists():
-        with open(cfg, "rb") as f:
-            table = tomllib.load(f).get("daemon")
+        try:
+            with open(cfg, "rb") as f:
+                table = tomllib.load(f).get("daemon")
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigUnreadable(f"{cfg}: not valid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigUnreadable(f"{cfg}: cannot read: {e.strerror}") from None
         if table is not None and not isinstance(table, dict):
             table = None
     return resolve_paths(table, env)[1]

@@ -137,6 +137,12 @@ class Engine:
         self._kill("stopping")
         self.worker.stop(15)
         self.state = STOPPED
+        try:  # the engine leaves its socket file behind
+            self.socket.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.debug("removing %s: %s", self.socket, e)
 
     def status(self) -> dict:
         return {"role": self.role, "state": self.state, "reason": self.reason, "pid": self.pid,

@@ -176,9 +176,9 @@ class Embedder:
         vi.remove(removed)
         if not added:
             return
-        by_hash: dict[str, list[int]] = {}
-        for cid, h in added:
-            by_hash.setdefault(h, []).append(cid)
+        by_hash: dict[str, list[tuple[int, int]]] = {}
+        for cid, h, fid in added:
+            by_hash.setdefault(h, []).append((cid, fid))
         found = self._add_cached(db, by_hash)
         missing = [h for h in by_hash if h not in found]
         if missing:
@@ -187,7 +187,8 @@ class Embedder:
                     self._todo[h] = None
                 self._cv.notify_all()
 
-    def _add_cached(self, db: sqlite3.Connection, by_hash: dict[str, list[int]]) -> set[str]:
+    def _add_cached(self, db: sqlite3.Connection,
+                    by_hash: dict[str, list[tuple[int, int]]]) -> set[str]:
         """Put the cached vectors of these texts into the matrix for these chunks; return the
         hashes that had one. Caller holds self.sync."""
         found: set[str] = set()
@@ -197,15 +198,16 @@ class Embedder:
             rows = db.execute(f"SELECT text_hash, vector FROM embeddings WHERE space = ? AND "
                               f"text_hash IN ({','.join('?' * len(part))})",
                               [self.space, *part]).fetchall()
-            ids, vecs = [], []
+            ids, vecs, files = [], [], []
             for h, blob in rows:
                 found.add(h)
                 v = from_blob(blob)
-                for cid in by_hash[h]:
+                for cid, fid in by_hash[h]:
                     ids.append(cid)
                     vecs.append(v)
+                    files.append(fid)
             if ids:
-                self.vectors.add(ids, np.vstack(vecs))
+                self.vectors.add(ids, np.vstack(vecs), files)
         return found
 
     # -- called by the indexer before a file's transaction ------------------------------------------
@@ -380,14 +382,15 @@ class Embedder:
         # assignment would otherwise be missed by both.
         todo: OrderedDict[str, None] = OrderedDict()
         with self.sync:
-            cur = db.execute("SELECT c.id, c.embed_hash, e.vector FROM chunks c LEFT JOIN "
-                             "embeddings e ON e.space = ? AND e.text_hash = c.embed_hash "
-                             "ORDER BY c.id", (chosen,))
+            cur = db.execute("SELECT c.id, c.embed_hash, e.vector, c.file_id FROM chunks c "
+                             "LEFT JOIN embeddings e ON e.space = ? AND e.text_hash = "
+                             "c.embed_hash ORDER BY c.id", (chosen,))
             while rows := cur.fetchmany(20000):
                 have = [r for r in rows if r[2] is not None]
                 if have:
                     vi.add([r[0] for r in have], np.frombuffer(
-                        b"".join(r[2] for r in have), dtype="<f4").reshape(len(have), -1))
+                        b"".join(r[2] for r in have), dtype="<f4").reshape(len(have), -1),
+                        [r[3] for r in have])
                 for r in rows:
                     if r[2] is None and r[1] not in given_up and r[1] not in later:
                         todo[r[1]] = None
@@ -476,7 +479,7 @@ class Embedder:
         """Put these texts' vectors (given, or None: read from the cache) into the matrix for
         every chunk that has the text."""
         with self.sync:
-            rows = db.execute(f"SELECT id, embed_hash FROM chunks WHERE embed_hash IN "
+            rows = db.execute(f"SELECT id, embed_hash, file_id FROM chunks WHERE embed_hash IN "
                               f"({','.join('?' * len(by_hash))})", list(by_hash)).fetchall()
             missing = [h for h, v in by_hash.items() if v is None]
             if missing:
@@ -486,7 +489,8 @@ class Embedder:
                     by_hash[h] = from_blob(blob)
             rows = [r for r in rows if by_hash.get(r[1]) is not None]
             if rows and self.vectors is not None:
-                self.vectors.add([r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]))
+                self.vectors.add([r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]),
+                                 [r[2] for r in rows])
 
     def _record_failure(self, db: sqlite3.Connection, h: str, reason: str) -> None:
         row = db.execute("SELECT attempts FROM embed_failures WHERE space = ? AND text_hash = ?",

@@ -130,6 +130,9 @@ class Indexer:
         self._ident: int | None = None  # the indexer thread's
         self._lane_db = None
         self.hints: set[str] = set()  # what the user could do (install pdftotext)
+        # Sources the index holds rows of but the config no longer names: never searched or
+        # listed, and purged (see purge) — set when the indexer starts and at each reload.
+        self.unconfigured: set[str] = set()
         self._pending_events: list = []
         self._slow_lane = ThreadPoolExecutor(1, thread_name_prefix="indexer-slow")
         self.worker = Worker("indexer", self._run, on_restart=self._after_crash)
@@ -151,7 +154,7 @@ class Indexer:
         with self._cv:
             for name in names:
                 self._scans[name] = self._scans.get(name, False) or force
-                self._state(name).scanning = True
+                self.source_state(name).scanning = True
             self._cv.notify_all()
         return names
 
@@ -224,10 +227,49 @@ class Indexer:
                 self._cv.wait(left)
         return True
 
-    def _state(self, name: str) -> SourceState:
+    def source_state(self, name: str) -> SourceState:
         return self.stats.per_source.setdefault(name, SourceState())
 
     # -- the indexer thread ---------------------------------------------------------------------
+
+    def purge(self) -> Future:
+        """Remove the rows of every source the config does not name (a source removed or
+        renamed): its files, chunks and FTS rows, in batches. The embedding cache keeps their
+        vectors for the GC grace period, so adding the folder again (under any name) embeds
+        nothing."""
+        return self.run_job(self._purge)
+
+    def _purge(self, db) -> int:
+        keep = {s.name for s in self.cfg.sources}
+        present = {r[0] for r in db.execute("SELECT DISTINCT source FROM counts WHERE n > 0")}
+        self.unconfigured = present - keep
+        removed = 0
+        for name in sorted(self.unconfigured):
+            t0 = time.monotonic()
+            n = 0
+            while True:
+                ids = [r[0] for r in db.execute("SELECT id FROM files WHERE source = ? LIMIT 500",
+                                                 (name,))]
+                if not ids:
+                    break
+                changes = store.Changes() if self._tracking else None
+                store.begin(db, self._stop)
+                try:
+                    for fid in ids:
+                        store.delete_file(db, fid, changes)
+                    self._commit(changes)
+                except BaseException:
+                    self._abort()
+                    raise
+                n += len(ids)
+            db.execute("DELETE FROM counts WHERE source = ?", (name,))
+            self.stats.per_source.pop(name, None)
+            log.info("source %s is no longer configured: %d files purged from the index "
+                     "(%.1fs); their embeddings stay cached for the GC grace period", name, n,
+                     time.monotonic() - t0)
+            removed += n
+        self.unconfigured = set()
+        return removed
 
     def _after_crash(self) -> None:
         """Restarted after an unexpected error: what was in hand may be lost; a scan finds it."""
@@ -323,7 +365,7 @@ class Indexer:
     # -- scans ----------------------------------------------------------------------------------
 
     def _scan(self, name: str, force: bool) -> None:
-        state = self._state(name)
+        state = self.source_state(name)
         try:
             self._scan_source(name, force, state)
         except Exception as e:
@@ -624,7 +666,7 @@ class Indexer:
         if changes is not None:
             changes.extend(mine)
         self.stats.files_failed += 1
-        self._state(src.name).last_error = f"{sources.printable(rel)}: {reason}"
+        self.source_state(src.name).last_error = f"{sources.printable(rel)}: {reason}"
         self._emit("failed", src.name, rel, reason=reason)
 
     @property
@@ -724,7 +766,7 @@ class Indexer:
                 log.info("skipped %s/%s: %s", src.name, sources.printable(rel), p.reason)
             else:
                 self.stats.files_failed += 1
-                self._state(src.name).last_error = f"{sources.printable(rel)}: {p.reason}"
+                self.source_state(src.name).last_error = f"{sources.printable(rel)}: {p.reason}"
             self._emit(p.kind, src.name, rel, reason=p.reason)
             return
         content = p.content

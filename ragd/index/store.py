@@ -402,7 +402,7 @@ class ChunkRecord:
 class Changes:
     """Chunk rows a transaction removed and added, for whoever mirrors them (the vectors)."""
     removed: list[int]
-    added: list[tuple[int, str]]  # (chunk id, embed_hash)
+    added: list[tuple[int, str, int]]  # (chunk id, embed_hash, file id)
 
     def __init__(self):
         self.removed, self.added = [], []
@@ -461,7 +461,7 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
             [(file_id, c.ordinal, c.heading, c.line_start, c.line_end, c.text, c.text_hash,
               c.embed_hash, c.body, c.keywords) for c in chunks])
         if changes is not None:
-            changes.added += [(r[0], r[1]) for r in db.execute(
+            changes.added += [(r[0], r[1], file_id) for r in db.execute(
                 "SELECT id, embed_hash FROM chunks WHERE file_id = ?", (file_id,))]
     return file_id
 

@@ -29,6 +29,7 @@ class VectorIndex:
         self.dtype = np.dtype(dtype)
         self._m = np.empty((1024, dims), dtype=self.dtype)
         self._ids = np.empty(1024, dtype=np.int64)
+        self._files = np.empty(1024, dtype=np.int64)  # each row's file id: filters by file
         self._row: dict[int, int] = {}
         self._n = 0
         self._lock = threading.Lock()
@@ -43,11 +44,12 @@ class VectorIndex:
     def nbytes(self) -> int:
         return self._n * self.dims * self.dtype.itemsize
 
-    def add(self, ids: list[int], vectors: np.ndarray) -> None:
-        """Add (or replace) rows for these chunk ids."""
+    def add(self, ids: list[int], vectors: np.ndarray, files: list[int] | None = None) -> None:
+        """Add (or replace) rows for these chunk ids (files: the chunks' file ids)."""
         if not len(ids):
             return
         vectors = np.asarray(vectors).reshape(len(ids), self.dims)
+        files = files if files is not None else [-1] * len(ids)
         with self._lock:
             need = self._n + len(ids)
             if need > len(self._ids):
@@ -56,8 +58,10 @@ class VectorIndex:
                 m[:self._n] = self._m[:self._n]
                 i = np.empty(cap, dtype=np.int64)
                 i[:self._n] = self._ids[:self._n]
-                self._m, self._ids = m, i
-            for cid, vec in zip(ids, vectors):
+                f = np.empty(cap, dtype=np.int64)
+                f[:self._n] = self._files[:self._n]
+                self._m, self._ids, self._files = m, i, f
+            for cid, vec, fid in zip(ids, vectors, files):
                 row = self._row.get(cid)
                 if row is None:
                     row = self._n
@@ -65,6 +69,7 @@ class VectorIndex:
                     self._row[cid] = row
                     self._ids[row] = cid
                 self._m[row] = vec
+                self._files[row] = fid
 
     def remove(self, ids) -> int:
         """Drop rows for these chunk ids (unknown ids are ignored); returns how many went."""
@@ -79,13 +84,16 @@ class VectorIndex:
                     moved = int(self._ids[last])
                     self._m[row] = self._m[last]
                     self._ids[row] = moved
+                    self._files[row] = self._files[last]
                     self._row[moved] = row
                 self._n -= 1
                 gone += 1
         return gone
 
-    def search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(chunk ids, cosines) of the k nearest rows, best first."""
+    def search(self, query: np.ndarray, k: int,
+               files: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk ids, cosines) of the k nearest rows, best first; with `files` (sorted file
+        ids), only among the rows of those files: a filter applied before the top k."""
         q = np.asarray(query, dtype=self.dtype).reshape(self.dims)
         with self._lock:
             n = self._n
@@ -93,6 +101,12 @@ class VectorIndex:
                 return np.empty(0, np.int64), np.empty(0, np.float32)
             scores = (self._m[:n] @ q).astype(np.float32)
             ids = self._ids[:n].copy()
+            if files is not None:
+                keep = np.isin(self._files[:n], files, assume_unique=False)
+                scores, ids = scores[keep], ids[keep]
+        n = len(ids)
+        if n == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
         k = min(k, n)
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top], kind="stable")]

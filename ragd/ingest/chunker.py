@@ -71,6 +71,7 @@ class _Piece:
     whole: bool  # whole lines (True) or a part of one line (False)
     col: int = 0  # a part of a line: its character span in that line
     col_end: int = 0
+    context: str = ""  # read before it when it starts a chunk: a table row's header row
 
 
 def _spans(text: str, pattern: re.Pattern, offset: int) -> list[tuple[int, int]]:
@@ -113,12 +114,19 @@ def _pieces(doc: Doc, b: Block, budget: int) -> list[_Piece]:
     if tokens <= budget:
         return [_Piece(b.start, b.end, text, tokens, True)]
     out: list[_Piece] = []
+    # Rows of a table cut into several chunks keep their header row (its first line): a row
+    # reads as "| 2.3.0 | ... |" without it.
+    header = doc.lines[b.start].strip() if b.kind == "table" else ""
     for i in range(b.start, b.end + 1):
         line = doc.lines[i]
         if not line.strip():
             continue
         t = est_tokens(line)
-        out += (_split_line(line, i, budget) if t > budget else [_Piece(i, i, line, t, True)])
+        pieces = _split_line(line, i, budget) if t > budget else [_Piece(i, i, line, t, True)]
+        if header and i > b.start + 1:  # after the header and its |---| line
+            for p in pieces:
+                p.context = header
+        out += pieces
     return out
 
 
@@ -159,6 +167,8 @@ def chunk_doc(doc: Doc, budget: int = 256, overlap: int = 48) -> list[Chunk]:
         if doc.pages is not None:  # PDFs: pages, not lines
             start, end = doc.pages[start] - 1, doc.pages[end] - 1
         body = clean_text(text, doc.obsidian)
+        if pieces[0].context:
+            body = clean_text(pieces[0].context, doc.obsidian) + "\n" + body
         chunks.append(Chunk(heading_path(), start + 1, end + 1, text, body, keywords))
 
     def flush() -> None:

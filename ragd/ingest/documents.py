@@ -12,8 +12,8 @@ from pathlib import Path
 from ragd.ingest.markdown import Block, Doc
 
 RST_ADORN = re.compile(r"^([=\-~`:#\"^+*._'!$%&,;/<>?@\[\]{}|])\1{2,}\s*$")
-PDFTOTEXT_HINT = "install poppler-utils (Debian/Ubuntu: apt install poppler-utils; macOS: " \
-                 "brew install poppler)"
+PDFTOTEXT_HINT = ("install poppler-utils: apt install poppler-utils on Debian/Ubuntu, "
+                  "brew install poppler on macOS")
 
 
 class NeedsTool(Exception):
@@ -92,7 +92,7 @@ def pdf_text(path: Path) -> list[str]:
     """The text of each page, by pdftotext."""
     exe = shutil.which("pdftotext")
     if exe is None:
-        raise NeedsTool(f"{NEEDS_PDFTOTEXT} ({PDFTOTEXT_HINT})")
+        raise NeedsTool(f"{NEEDS_PDFTOTEXT}; {PDFTOTEXT_HINT}")
     try:
         proc = subprocess.run([exe, "-enc", "UTF-8", str(path), "-"], capture_output=True,
                               timeout=PDFTOTEXT_TIMEOUT, stdin=subprocess.DEVNULL)

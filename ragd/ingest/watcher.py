@@ -220,6 +220,35 @@ class Watcher:
         self.indexer.request_scan(s.name)
         self._check_in(2.0)
 
+    def add_source(self, s: Source) -> None:
+        """Watch a source added by a reload (or changed: removed first)."""
+        self.sources = [x for x in self.sources if x.name != s.name] + [s]
+        self.rules[s.name] = Rules(s)
+        try:
+            self._schedule(s)
+        except OSError as e:
+            self._unwatched(s, e)
+        self._check_in(2.0)
+
+    def remove_source(self, name: str) -> None:
+        """Stop watching a source a reload removed; what waited for it is dropped."""
+        self.sources = [x for x in self.sources if x.name != name]
+        self.rules.pop(name, None)
+        watch = self._watches.pop(name, None)
+        if watch is not None:
+            try:
+                self.observer.unschedule(watch)
+            except (KeyError, OSError, RuntimeError) as e:
+                log.debug("unwatching %s: %s", name, e)
+        self.errors.pop(name, None)
+        self._limited.discard(name)
+        self._strays.discard(name)
+        with self._lock:
+            self._due = {k: v for k, v in self._due.items() if k[0] != name}
+            self._seen = {k: v for k, v in self._seen.items() if k[0] != name}
+            self._moves = [m for m in self._moves if m[1] != name]
+            self._lock.notify_all()
+
     def _unwatched(self, s: Source, e: OSError) -> None:
         scans = f"the source is scanned every {self.unwatched_scan_interval:g} s instead"
         if e.errno == errno.ENOSPC:
@@ -275,8 +304,10 @@ class Watcher:
         if event.event_type in ("opened", "closed_no_write"):
             return
         now = time.monotonic()
+        rules = self.rules.get(s.name)
+        if rules is None:
+            return  # a source a reload just removed
         self.last_event[s.name] = time.time()
-        rules = self.rules[s.name]
         if os.fsdecode(event.src_path) == str(s.root):
             return
         if event.event_type == "moved":

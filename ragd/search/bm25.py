@@ -11,6 +11,8 @@ import re
 import sqlite3
 from dataclasses import dataclass
 
+from ragd.search.filters import Filters
+
 # A query is free text: quoted "phrases" are kept as phrases, everything else becomes terms.
 # Terms are OR-ed (BM25 semantics: every matching term adds to the score).
 _PHRASE = re.compile(r'"([^"]+)"')
@@ -90,29 +92,83 @@ class Hit:
 
 
 def search(db: sqlite3.Connection, query: str, limit: int,
-           sources: list[str] | None = None) -> list[Hit]:
+           filters: Filters | None = None) -> list[Hit]:
     parts = query_parts(query)
     if not parts:
         return []
     match = " OR ".join(prune_common(db, parts))
-    sql, params = _matching(f"chunks_fts.rowid, bm25(chunks_fts, {WEIGHTS}) AS s", match, sources)
+    sql, params = _matching(f"chunks_fts.rowid, bm25(chunks_fts, {WEIGHTS}) AS s", match, filters)
     return [Hit(r[0], -r[1]) for r in db.execute(sql + " ORDER BY s LIMIT ?", [*params, limit])]
 
 
-def _matching(columns: str, match: str, sources: list[str] | None) -> tuple[str, list]:
-    """SELECT columns of the FTS rows matching, optionally only in these sources."""
+def _matching(columns: str, match: str, filters: Filters | None) -> tuple[str, list]:
+    """SELECT columns of the FTS rows matching, only in the files the filters let through."""
     sql = f"SELECT {columns} FROM chunks_fts"
-    if not sources:
+    if filters is None or not filters.active:
         return sql + " WHERE chunks_fts MATCH ?", [match]
+    cond, params = filters.where("f")
     sql += (" JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.id = c.file_id "
-            f"WHERE chunks_fts MATCH ? AND f.source IN ({','.join('?' * len(sources))})")
-    return sql, [match, *sources]
+            f"WHERE chunks_fts MATCH ? AND {cond}")
+    return sql, [match, *params]
 
 
-def all_terms_match(db: sqlite3.Connection, query: str, sources: list[str] | None = None) -> bool:
+def all_terms_match(db: sqlite3.Connection, query: str, filters: Filters | None = None) -> bool:
     """Does some chunk contain every word (and phrase) of the query?"""
     parts = query_parts(query)
     if not parts:
         return False
-    sql, params = _matching("chunks_fts.rowid", " AND ".join(parts), sources)
+    sql, params = _matching("chunks_fts.rowid", " AND ".join(parts), filters)
+    return db.execute(sql + " LIMIT 1", params).fetchone() is not None
+
+
+# Words that say nothing of what is asked (question and filler words). A query whose only
+# BM25 matches are on these has nothing relevant on the keyword side.
+STOPWORDS = frozenset("""
+a about above after again all also am an and any are as at be because been before being
+below between both but by can could did do does doing down during each either else ever
+few for from further get gets got had has have having he her here hers him his how i if in
+into is it its itself just let like may me might mine more most much must my myself no nor
+not now of off on once one only or other our ours out over own please same shall she should
+so some such than that the their theirs them then there these they this those through to
+too under until up upon us very was way we were what when where whether which while who
+whom whose why will with within without would yes yet you your yours yourself
+""".split())
+
+
+def content_terms(query: str) -> list[str]:
+    """The query's words that carry its meaning (not question or filler words)."""
+    return [w for w in dict.fromkeys(w.lower() for w in _WORD.findall(_PHRASE.sub(" ", query)))
+            if w not in STOPWORDS] + [f'"{p}"' for p in _PHRASE.findall(query)]
+
+
+def _stem(word: str) -> str:
+    """A rough stem for marking matches in shown text (FTS5 matched with porter: 'repeating'
+    matched 'repeat'): common suffixes cut, at least 3 letters kept."""
+    w = word.lower()
+    for suffix in ("ations", "ation", "ings", "ing", "edly", "ed", "ies", "es", "ly", "s"):
+        if w.endswith(suffix) and len(w) - len(suffix) >= 3:
+            return w[: -len(suffix)]
+    return w
+
+
+def matching_lines(text: str, line_start: int, query: str) -> list[int]:
+    """The (1-based) lines of a chunk's text holding a content word of the query."""
+    stems = {_stem(w) for w in content_terms(query) if not w.startswith('"')}
+    if not stems:
+        return []
+    out = []
+    for i, line in enumerate(text.split("\n")):
+        words = {_stem(w) for w in _WORD.findall(line)}
+        if any(any(w.startswith(s) for w in words) for s in stems):
+            out.append(line_start + i)
+    return out
+
+
+def content_match(db: sqlite3.Connection, query: str, filters: Filters | None = None) -> bool:
+    """Does some chunk contain a content word (or a phrase) of the query?"""
+    words = content_terms(query)
+    if not words:
+        return False
+    parts = [w if w.startswith('"') else f'"{w}"' for w in words]
+    sql, params = _matching("chunks_fts.rowid", " OR ".join(parts), filters)
     return db.execute(sql + " LIMIT 1", params).fetchone() is not None

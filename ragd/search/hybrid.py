@@ -19,10 +19,10 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.search import bm25
+from ragd.search.filters import Filters
 
 MODES = ("hybrid", "vector", "bm25")
 
@@ -34,23 +34,15 @@ class Candidate:
     parts: dict = field(default_factory=dict)
 
 
-def rrf(lists: list[list[int]], k: int = 60) -> dict[int, float]:
+def rrf(lists: dict[str, list[int]], k: int = 60,
+        weights: dict[str, float] | None = None) -> dict[int, float]:
+    """Reciprocal Rank Fusion: each list adds weight / (k + rank) to the chunks it ranks."""
     scores: dict[int, float] = {}
-    for ranked in lists:
+    for name, ranked in lists.items():
+        w = 1.0 if weights is None else weights.get(name, 1.0)
         for rank, cid in enumerate(ranked, 1):
-            scores[cid] = scores.get(cid, 0.0) + 1.0 / (k + rank)
+            scores[cid] = scores.get(cid, 0.0) + w / (k + rank)
     return scores
-
-
-def _filter_sources(db: sqlite3.Connection, ids: np.ndarray, sources: list[str]) -> np.ndarray:
-    if not len(ids):
-        return np.zeros(0, dtype=bool)
-    id_list = [int(i) for i in ids]
-    keep = {r[0] for r in db.execute(
-        f"SELECT c.id FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN "
-        f"({','.join('?' * len(id_list))}) AND f.source IN ({','.join('?' * len(sources))})",
-        [*id_list, *sources])}
-    return np.array([i in keep for i in id_list], dtype=bool)
 
 
 class Searcher:
@@ -65,8 +57,9 @@ class Searcher:
         return model.min_similarity if model is not None else 0.0
 
     def run(self, db: sqlite3.Connection, query: str, k: int, mode: str,
-            sources: list[str] | None, rerank: bool | None) -> tuple[list[Candidate], dict]:
+            filters: Filters | None, rerank: bool | None) -> tuple[list[Candidate], dict]:
         """Rank chunks for the query. Returns (candidates best first, reply fields)."""
+        filters = filters or Filters()
         info: dict = {"mode": mode, "reranked": False}
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
@@ -75,29 +68,33 @@ class Searcher:
         if mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
             mode = info["mode"] = "bm25"  # dense search is off by configuration: not degraded
         if mode in ("hybrid", "vector"):
-            why_not = self._vector_ranking(db, query, n, sources, lists, parts, info)
+            why_not = self._vector_ranking(db, query, n, filters, lists, parts, info)
             if why_not is not None:
                 info["degraded"] = True
                 info["reason"] = why_not
                 info["requested_mode"] = mode
                 mode = info["mode"] = "bm25"
-            elif info.get("nothing_relevant"):
-                return [], info
         if mode in ("hybrid", "bm25"):
-            hits = bm25.search(db, query, n, sources)
+            hits = bm25.search(db, query, n, filters)
             lists["bm25"] = [h.chunk_id for h in hits]
             for h in hits:
                 parts.setdefault(h.chunk_id, {})["bm25"] = round(h.score, 6)
 
+        if not self._anything_relevant(db, query, mode, filters, lists, info):
+            return [], info
         if mode == "hybrid":
-            fused = rrf(list(lists.values()), self.cfg.rrf_k)
+            # While vectors are still being built, the vector list only knows the chunks
+            # embedded so far: weighted by that coverage, it cannot push the rest (which BM25
+            # may rank first) below what BM25 alone would give.
+            weights = {"vector": info.get("vector_coverage", 1.0)}
+            fused = rrf(lists, self.cfg.rrf_k, weights)
             for cid, s in fused.items():
                 parts[cid]["rrf"] = round(s, 6)
             order = sorted(fused, key=lambda c: -fused[c])
             ranked = [Candidate(c, fused[c], parts[c]) for c in order]
         else:
             key = "vector" if mode == "vector" else "bm25"
-            ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists[key]]
+            ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists.get(key, [])]
 
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
@@ -105,7 +102,44 @@ class Searcher:
             self._rerank(db, query, ranked, info)
         return ranked, info
 
-    def _vector_ranking(self, db, query, n, sources, lists, parts, info) -> str | None:
+    def _anything_relevant(self, db, query: str, mode: str, filters: Filters,
+                           lists: dict[str, list[int]], info: dict) -> bool:
+        """'Nothing relevant' only when neither signal has anything: no vector above the
+        similarity threshold, and no chunk holding a content word of the query (question and
+        filler words alone do not count). Below the threshold the vector list is dropped and
+        BM25 answers, flagged below_threshold."""
+        weak_vectors = "vector" in lists and info.get("best_similarity", 1.0) < self.threshold()
+        if mode == "vector":
+            if weak_vectors:
+                # a chunk holding every word of the query is a literal match, relevant
+                # whatever the cosine (rare names and identifiers embed poorly)
+                if not bm25.all_terms_match(db, query, filters):
+                    return self._nothing(info)
+                info["below_threshold"] = True
+            return True
+        keywords = bool(lists.get("bm25")) and bm25.content_match(db, query, filters)
+        if weak_vectors:
+            del lists["vector"]
+            if not keywords:
+                return self._nothing(info)
+            info["below_threshold"] = True
+        elif mode == "bm25" and not keywords:
+            return self._nothing(info)
+        return True
+
+    def _nothing(self, info: dict) -> bool:
+        info["nothing_relevant"] = True
+        if "best_similarity" in info:
+            info["reason"] = (f"nothing relevant: the best similarity "
+                              f"{info['best_similarity']:.3f} is below the threshold "
+                              f"{self.threshold():.3f} (search.min_similarity) and no note holds "
+                              f"a content word of the query")
+        else:
+            info["reason"] = "nothing relevant: no note holds a content word of the query"
+        return False
+
+    def _vector_ranking(self, db, query, n, filters: Filters, lists, parts,
+                        info) -> str | None:
         """Fill lists['vector']; return why vectors cannot be used, or None."""
         engines = self.engines
         emb = engines.embedder
@@ -117,28 +151,13 @@ class Searcher:
         except (EngineUnavailable, EngineError) as e:
             return f"the embedding engine is unavailable: {e}"
         vi = emb.vectors
-        want = n * 4 if sources else n
-        ids, cos = vi.search(qv, want)
-        if sources:
-            mask = _filter_sources(db, ids, sources)
-            ids, cos = ids[mask], cos[mask]
-        ids, cos = ids[:n], cos[:n]
+        files = filters.file_ids(db) if filters.active else None
+        ids, cos = vi.search(qv, n, files)
         info["vector_space"] = vi.space
-        total = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-        info["vector_coverage"] = round(len(vi) / total, 4) if total else 1.0
-        best = float(cos[0]) if len(cos) else -1.0
-        threshold = self.threshold()
-        info["best_similarity"] = round(best, 4)
-        if len(cos) and best < threshold:
-            # A chunk holding every word of the query is a literal match, relevant whatever
-            # the cosine (rare names and identifiers embed poorly).
-            if bm25.all_terms_match(db, query, sources):
-                info["below_threshold"] = True
-            else:
-                info["nothing_relevant"] = True
-                info["reason"] = (f"nothing relevant: the best similarity {best:.3f} is below "
-                                  f"the threshold {threshold:.3f} (search.min_similarity)")
-                return None
+        total = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'"
+                           ).fetchone()[0]
+        info["vector_coverage"] = round(min(1.0, len(vi) / total), 4) if total else 1.0
+        info["best_similarity"] = round(float(cos[0]), 4) if len(cos) else -1.0
         lists["vector"] = [int(i) for i in ids]
         for cid, c in zip(lists["vector"], cos):
             parts.setdefault(cid, {})["vector"] = round(float(c), 6)

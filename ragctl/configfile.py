@@ -1,0 +1,148 @@
+"""Editing the user's config file: sources added and removed with their comments and layout
+kept (tomlkit, the style-preserving TOML library). A missing file is created from the documented
+default (config.default.toml, the same text as the repository's config.toml)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import tomlkit
+
+from ragd import protocol as P
+
+
+class ConfigFileError(Exception):
+    """The config file cannot be read or edited; the message names it."""
+
+
+def default_path(env=os.environ) -> Path:
+    return P.xdg("XDG_CONFIG_HOME", ".config", env) / "ragd" / "config.toml"
+
+
+def default_text() -> str:
+    return resources.files("ragctl").joinpath("config.default.toml").read_text(encoding="utf-8")
+
+
+def target(cli_config: str | None, running_config: str | None, env=os.environ) -> Path:
+    """The file to edit: the one the running daemon reads; else --config / $RAGD_CONFIG; else
+    the XDG one (created when missing)."""
+    if running_config:
+        return Path(running_config)
+    found = P.find_config(cli_config, env)
+    return found if found is not None else default_path(env)
+
+
+def read(path: Path) -> dict:
+    """The parsed file ({} when it does not exist); a syntax error names the file."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigFileError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigFileError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def sources(path: Path) -> list[dict]:
+    """The [[sources]] of a config file, as written (name, path, kind)."""
+    out = []
+    for s in read(path).get("sources", []) or []:
+        if isinstance(s, dict):
+            out.append({"name": s.get("name"), "path": s.get("path"),
+                        "kind": s.get("kind", "folder")})
+    return out
+
+
+def _same_folder(a: str, b: Path) -> bool:
+    try:
+        return Path(a).expanduser().resolve() == b
+    except (OSError, RuntimeError):
+        return False
+
+
+def _shown(folder: Path) -> str:
+    """A folder as written into the file: ~/… under the home folder (portable), else absolute."""
+    home = Path.home()
+    try:
+        return "~/" + folder.relative_to(home).as_posix()
+    except ValueError:
+        return str(folder)
+
+
+def add_source(path: Path, folder: Path, name: str | None = None,
+               kind: str | None = None) -> tuple[str, bool]:
+    """Append a [[sources]] table for folder (created from the default when missing). Returns
+    (the source's name, whether it was added: False when the folder is already a source)."""
+    folder = folder.expanduser().resolve()
+    if not folder.is_dir():
+        raise ConfigFileError(f"{folder} is not a folder")
+    text = path.read_text(encoding="utf-8") if path.exists() else default_text()
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as e:
+        raise ConfigFileError(f"{path}: not valid TOML: {e}") from None
+    existing = doc.get("sources") or []
+    for s in existing:
+        if _same_folder(str(s.get("path", "")), folder):
+            return str(s.get("name")), False
+    name = name or folder.name or "source"
+    if "/" in name or not name.strip():
+        raise ConfigFileError(f"a source name must be non-empty and without '/': {name!r}")
+    if any(s.get("name") == name for s in existing):
+        raise ConfigFileError(f"{path} already has a source named {name!r} (another folder); "
+                              f"choose another name with --name")
+    kind = kind or ("obsidian" if (folder / ".obsidian").is_dir() else "folder")
+    table = tomlkit.table()
+    table["name"] = name
+    table["path"] = _shown(folder)
+    table["kind"] = kind
+    if "sources" in doc:
+        doc["sources"].append(table)
+    else:
+        aot = tomlkit.aot()
+        aot.append(table)
+        doc.append("sources", aot)
+    _write(path, tomlkit.dumps(doc))
+    return name, True
+
+
+def remove_source(path: Path, name: str) -> None:
+    if not path.exists():
+        raise ConfigFileError(f"no config file at {path}, so no source named {name!r}")
+    try:
+        doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    except tomlkit.exceptions.ParseError as e:
+        raise ConfigFileError(f"{path}: not valid TOML: {e}") from None
+    existing = doc.get("sources") or []
+    keep = [i for i, s in enumerate(existing) if s.get("name") != name]
+    if len(keep) == len(existing):
+        known = ", ".join(str(s.get("name")) for s in existing) or "none"
+        raise ConfigFileError(f"{path} has no source named {name!r} (known: {known})")
+    if not keep:
+        del doc["sources"]
+    else:
+        for i in reversed(range(len(existing))):
+            if i not in keep:
+                del existing[i]
+    _write(path, tomlkit.dumps(doc))
+
+
+def restore(path: Path, text: str | None) -> None:
+    """Put back what the file held before an edit (None: it did not exist)."""
+    if text is None:
+        path.unlink(missing_ok=True)
+    else:
+        _write(path, text)
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomically: a half-written config is never read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,130 @@
+"""`ragctl service install|uninstall`: run ragd as a per-user service, with no paths to edit.
+
+The unit (Linux: a systemd user unit) or agent (macOS: a launchd agent) runs this
+installation's own interpreter, ``<python> -m ragd``, wherever pip put it — a venv, --user,
+pipx — in the foreground, so the service manager supervises it. The files in service/ are
+what these functions write for /usr/bin/python3, for reference.
+"""
+
+from __future__ import annotations
+
+import os
+import plistlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+UNIT_NAME = "ragd.service"
+AGENT_LABEL = "org.ragd.daemon"
+
+
+def systemd_unit(python: str, config: str | None = None) -> str:
+    args = f" --config {config}" if config else ""
+    return f"""\
+# systemd user unit for ragd, written by `ragctl service install`.
+# It runs this installation's interpreter: {python}
+[Unit]
+Description=ragd, a local retrieval daemon for notes and documents
+
+[Service]
+Type=simple
+ExecStart={python} -m ragd{args}
+# SIGHUP reloads the config (sources added or removed take effect at once).
+ExecReload=/bin/kill -HUP $MAINPID
+# ragd stops cleanly on SIGTERM (socket removed, the batch in hand committed).
+KillSignal=SIGTERM
+TimeoutStopSec=30
+Restart=on-failure
+RestartSec=2
+
+[Install]
+WantedBy=default.target
+"""
+
+
+def launchd_plist(python: str, home: Path, config: str | None = None) -> bytes:
+    log = str(home / "Library" / "Logs" / "ragd.log")
+    return plistlib.dumps({
+        "Label": AGENT_LABEL,
+        "ProgramArguments": [python, "-m", "ragd", *(["--config", config] if config else [])],
+        "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False},  # restart after a crash, not after ragctl stop
+        "StandardErrorPath": log,
+        "StandardOutPath": log,
+    })
+
+
+def unit_path(env=os.environ) -> Path:
+    base = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else \
+        Path.home() / ".config"
+    return base / "systemd" / "user" / UNIT_NAME
+
+
+def agent_path() -> Path:
+    return Path.home() / "Library" / "LaunchAgents" / f"{AGENT_LABEL}.plist"
+
+
+def _run(cmd: list[str]) -> tuple[bool, str]:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, str(e)
+    return out.returncode == 0, (out.stderr or out.stdout).strip()
+
+
+def install(config: str | None, start: bool = True) -> list[str]:
+    """Write the unit (agent) and enable it; returns what was done, line by line. Raises
+    RuntimeError with what the user should run when the service manager refuses."""
+    python = sys.executable
+    done = []
+    if sys.platform == "darwin":
+        path = agent_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(launchd_plist(python, Path.home(), config))
+        done.append(f"wrote {path}")
+        if start:
+            ok, msg = _run(["launchctl", "load", "-w", str(path)])
+            if not ok:
+                raise RuntimeError(f"launchctl load failed ({msg}); run: launchctl load -w "
+                                   f"{path}")
+            done.append("loaded it with launchctl: ragd runs now and at each login")
+        return done
+    path = unit_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(systemd_unit(python, config))
+    done.append(f"wrote {path}")
+    if start:
+        if shutil.which("systemctl") is None:
+            raise RuntimeError(f"systemctl not found; {path} is written for a systemd user "
+                               f"session")
+        for cmd in (["systemctl", "--user", "daemon-reload"],
+                    ["systemctl", "--user", "enable", "--now", UNIT_NAME]):
+            ok, msg = _run(cmd)
+            if not ok:
+                raise RuntimeError(f"{' '.join(cmd)} failed: {msg}\nthe unit is written; once "
+                                   f"a user session runs, do: systemctl --user daemon-reload "
+                                   f"&& systemctl --user enable --now {UNIT_NAME}")
+        done.append("enabled and started it: ragd runs now and at each login "
+                    "(systemctl --user status ragd)")
+    return done
+
+
+def uninstall() -> list[str]:
+    done = []
+    if sys.platform == "darwin":
+        path = agent_path()
+        if path.exists():
+            _run(["launchctl", "unload", "-w", str(path)])
+            path.unlink()
+            done.append(f"unloaded and removed {path}")
+        return done or [f"no agent at {path}"]
+    path = unit_path()
+    if path.exists():
+        if shutil.which("systemctl"):
+            _run(["systemctl", "--user", "disable", "--now", UNIT_NAME])
+        path.unlink()
+        if shutil.which("systemctl"):
+            _run(["systemctl", "--user", "daemon-reload"])
+        done.append(f"stopped, disabled and removed {path}")
+    return done or [f"no unit at {path}"]

@@ -1,0 +1,207 @@
+"""The running daemon: its parts, started and stopped in order, and its configuration reloaded
+live (SIGHUP, ``ragctl reload``).
+
+What a reload applies at once: sources added, removed or changed (watched, scanned, purged),
+search, watch, GC and index settings, the log level. What needs a restart is said in the reply
+(the daemon's paths, its engines and models).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from ragd import __version__, config
+from ragd.engines.manager import Engines
+from ragd.events import EventBus
+from ragd.index import gc, store
+from ragd.index.indexer import Indexer
+from ragd.ingest.watcher import Watcher
+from ragd.ops import Ops
+from ragd.server import Server
+
+log = logging.getLogger("ragd")
+
+# Config fields a reload applies at once. Sources are handled apart; everything else needs a
+# restart (RESTART), and a reload says so.
+LIVE = ("search_k", "search_candidates", "search_mode", "rrf_k", "min_similarity", "rerank",
+        "rerank_top", "rerank_budget_ms", "hub_url", "gc_grace_hours", "gc_interval_hours",
+        "watch_quiet_ms", "scan_interval", "unwatched_scan_interval", "max_file_bytes",
+        "chunk_tokens", "chunk_overlap", "log_level")
+RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
+           "max_connections": "daemon.max_connections", "llama_server": "engines.llama_server",
+           "engine_threads": "engines.threads", "engine_startup_timeout": "engines.startup_timeout",
+           "engine_max_restarts": "engines.max_restarts",
+           "engine_restart_window": "engines.restart_window",
+           "engine_health_interval": "engines.health_interval",
+           "embedding_model": "embedding.model", "embedding_pooling": "embedding.pooling",
+           "embedding_query_prefix": "embedding.query_prefix",
+           "embedding_doc_prefix": "embedding.doc_prefix",
+           "embed_batch_tokens": "embedding.batch_tokens",
+           "vector_dtype": "embedding.vector_dtype", "reranker_model": "reranker.model",
+           "reranker_pooling": "reranker.pooling", "watch": "watch.enabled"}
+
+
+class ReloadError(Exception):
+    """The config could not be loaded; the daemon goes on with the one it has."""
+
+
+class Runtime:
+    def __init__(self, cfg: config.Config, cli_config: str | None, cli_sources: list[str]):
+        self.cfg = cfg
+        self.cli_config = cli_config
+        self.cli_sources = cli_sources
+        self.stop_event = threading.Event()
+        self.reload_wanted = threading.Event()
+        self._reload_lock = threading.Lock()
+        self.engines = Engines(cfg)
+        self.indexer = Indexer(cfg, cfg.db_path, listener=self.engines, events=EventBus())
+        self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,
+                       reload=self.reload)
+        self.server = Server(cfg.socket, self.ops.dispatch, cfg.max_connections)
+        self.watcher: Watcher | None = None
+
+    def run(self, background: bool) -> int:
+        cfg = self.cfg
+        t0 = time.monotonic()
+        log.info("ragd %s starting (pid %d, data dir %s, config %s)", __version__, os.getpid(),
+                 cfg.data_dir, cfg.path or "built-in defaults")
+        store.open_store(cfg.db_path).close()
+        # Queued before the socket opens: a client that sees the daemon answer never sees it
+        # idle with the start-up scan still to come. The indexer starts once the sources are
+        # watched, so the scan runs after the watches exist: a note saved at any moment is seen
+        # by one or the other (one saved between a scan and its watch would wait for the next
+        # periodic scan).
+        self._forget_unconfigured()
+        self.indexer.request_scan()
+        try:
+            self.server.start()
+            self.engines.start()
+            if background:
+                _redirect_output(cfg.log_path)
+            if not cfg.sources:
+                log.warning("no sources configured: add one with 'ragctl sources add PATH', "
+                            "or [[sources]] in %s", cfg.path or "a config file")
+            if cfg.watch:
+                self.watcher = self.ops.watcher = Watcher(
+                    cfg.sources, self.indexer, cfg.watch_quiet_ms / 1000, cfg.scan_interval,
+                    cfg.unwatched_scan_interval)
+                self.watcher.start()
+            self.indexer.start()
+            log.info("ready in %.3fs; indexing %d source(s) in the background",
+                     time.monotonic() - t0, len(cfg.sources))
+            self._schedule_gc(first=60.0)
+            while not self.stop_event.is_set():  # signals set these; nothing polls
+                self.reload_wanted.wait()
+                self.reload_wanted.clear()
+                if not self.stop_event.is_set():
+                    try:
+                        self.reload()
+                    except ReloadError as e:
+                        log.error("reload: %s; going on with the config in force", e)
+            log.info("stopping")
+        finally:
+            self.ops.stopping.set()
+            self.server.close()
+            if self.watcher is not None:
+                self.watcher.stop()
+            self.indexer.stop()
+            self.engines.stop()
+            self.ops.reads.close()
+            log.info("stopped")
+        return 0
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.reload_wanted.set()
+
+    # -- reloading --------------------------------------------------------------------------------
+
+    def reload(self) -> dict:
+        """Read the config again and apply it. Raises ReloadError when it cannot be read (the
+        daemon goes on with the config it has)."""
+        with self._reload_lock:
+            try:
+                new = config.load(self.cli_config, extra_sources=self.cli_sources)
+            except config.ConfigError as e:
+                raise ReloadError(str(e)) from None
+            cfg = self.cfg
+            restart = sorted(key for field, key in RESTART.items()
+                             if getattr(cfg, field) != getattr(new, field))
+            rechunk = (cfg.chunk_tokens, cfg.chunk_overlap) != (new.chunk_tokens,
+                                                                 new.chunk_overlap)
+            old = {s.name: s for s in cfg.sources}
+            now = {s.name: s for s in new.sources}
+            removed = [n for n in old if n not in now or old[n].root != now[n].root]
+            added = [n for n in now if n not in old or old[n].root != now[n].root]
+            changed = [n for n in now if n in old and n not in added and old[n] != now[n]]
+            for field in LIVE:
+                setattr(cfg, field, getattr(new, field))
+            cfg.path = new.path
+            cfg.sources = new.sources
+            logging.getLogger("ragd").setLevel(cfg.log_level.upper())
+            if self.watcher is not None:
+                self.watcher.quiet = cfg.watch_quiet_ms / 1000
+                self.watcher.scan_interval = cfg.scan_interval
+                self.watcher.unwatched_scan_interval = cfg.unwatched_scan_interval
+                for name in removed + changed:
+                    self.watcher.remove_source(name)
+                for name in added + changed:
+                    self.watcher.add_source(now[name])
+            if removed:
+                self._forget_unconfigured()
+            for name in added:
+                self.indexer.request_scan(name)
+            for name in changed:  # rules or kind changed: read every file again
+                self.indexer.request_scan(name, force=True)
+            if rechunk:
+                self.indexer.request_scan(force=True)
+            result = {"config": str(cfg.path) if cfg.path else None, "added": added,
+                      "removed": removed, "changed": changed, "rechunk": rechunk,
+                      "restart_needed": restart}
+            log.info("reloaded %s: sources added %s, removed %s, changed %s%s%s",
+                     cfg.path or "built-in defaults", added or "none", removed or "none",
+                     changed or "none", "; re-chunking every file" if rechunk else "",
+                     f"; a restart is needed for {', '.join(restart)}" if restart else "")
+            return result
+
+    def _forget_unconfigured(self) -> None:
+        """Rows of sources the config no longer names are hidden at once and purged."""
+        keep = {s.name for s in self.cfg.sources}
+        with self.ops.reads.conn() as db:
+            present = {r[0] for r in db.execute("SELECT source FROM counts WHERE n > 0")}
+        if present - keep:
+            self.indexer.unconfigured = present - keep
+            self.indexer.purge()
+
+    def _schedule_gc(self, first: float) -> None:
+        """Sweep the embedding cache every [gc] interval_hours, as a job of the indexer (the
+        index's writer)."""
+        indexer, cfg = self.indexer, self.cfg
+
+        def sweep(db) -> None:
+            try:
+                res = gc.sweep(db, cfg.gc_grace_hours * 3600)
+                if res.deleted or res.marked:
+                    log.info("gc: %d cache entries deleted (%d bytes), %d newly unused, %d "
+                             "waiting out the grace period", res.deleted, res.bytes_freed,
+                             res.marked, res.waiting)
+            except Exception:
+                log.exception("gc sweep failed")
+            finally:
+                indexer.call_later(cfg.gc_interval_hours * 3600, lambda: indexer.run_job(sweep))
+
+        indexer.call_later(first, lambda: indexer.run_job(sweep))
+
+
+def _redirect_output(log_path) -> None:
+    """From here on, stray output (a thread's traceback) lands in the log, not in the pipe of
+    the ragctl that started us."""
+    with open(log_path, "ab") as f:
+        os.dup2(f.fileno(), 2)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+

@@ -1,0 +1,65 @@
+"""Search filters: which files a search may answer from.
+
+Applied before the top k of each ranking: BM25 joins them into its FTS5 query; the vector
+search masks the matrix rows by file before picking its k nearest. So a source with 1% of the
+chunks gets a full list of candidates, not the few that survive a filter after ranking.
+
+- sources: source names;
+- path: a glob on the path relative to its source root (``*`` and ``?`` as SQLite GLOB: ``*``
+  spans folders too, so ``Projects/*`` is everything under Projects);
+- tag: an Obsidian tag (``#`` optional); a nested tag ``a/b`` matches the filter ``a``;
+- since / before: the file's modification time (Unix seconds), since inclusive.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Filters:
+    sources: tuple[str, ...] | None = None
+    path: str | None = None
+    tag: str | None = None
+    since: float | None = None
+    before: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in (self.sources, self.path, self.tag, self.since,
+                                           self.before))
+
+    def where(self, f: str = "f") -> tuple[str, list]:
+        """A SQL condition on the files table aliased `f` (and its parameters)."""
+        conds, params = [], []
+        if self.sources is not None:
+            conds.append(f"{f}.source IN ({','.join('?' * len(self.sources))})")
+            params += list(self.sources)
+        if self.path is not None:
+            conds.append(f"{f}.relpath GLOB ?")
+            params.append(self.path)
+        if self.tag is not None:
+            tag = self.tag.lstrip("#")
+            conds.append(f"EXISTS (SELECT 1 FROM json_each({f}.meta, '$.tags') t WHERE "
+                         f"t.value = ? COLLATE NOCASE OR t.value LIKE ? ESCAPE '\\')")
+            params += [tag, _like_prefix(tag) + "/%"]
+        if self.since is not None:
+            conds.append(f"{f}.mtime_ns >= ?")
+            params.append(int(self.since * 1e9))
+        if self.before is not None:
+            conds.append(f"{f}.mtime_ns < ?")
+            params.append(int(self.before * 1e9))
+        return (" AND ".join(conds) or "1"), params
+
+    def file_ids(self, db: sqlite3.Connection) -> np.ndarray:
+        """The ids of the files that pass (sorted), for the vector search's mask."""
+        cond, params = self.where("f")
+        return np.fromiter((r[0] for r in db.execute(
+            f"SELECT f.id FROM files f WHERE {cond} ORDER BY f.id", params)), dtype=np.int64)
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

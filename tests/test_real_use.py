@@ -1,0 +1,368 @@
+"""The first hour with ragd: sources that change, search while vectors are still coming, and
+ragctl as people use it. The real daemon, the real socket, the real ragctl."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (BM25_ONLY, VAULTS, Daemon, engine_config, make_pdf, ragctl,
+                      small_vault, wait_embedded, write_config)
+from ragd.ingest import chunker, markdown
+from ragd.ingest.watcher import parse_fdinfo
+
+
+# -- watching is quiet -------------------------------------------------------------------------
+
+FDINFO = """pos:\t0
+flags:\t02004000
+mnt_id:\t15
+ino:\t1057
+inotify wd:9 ino:1a2b sdev:800001 mask:fc6 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:2b1a000000000000
+inotify wd:a ino:ff sdev:800001 mask:fc6 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:ff00000000000000
+inotify wd:41e ino:c0ffee sdev:800001 mask:fc6 ignored_mask:0 fhandle-bytes:8 fhandle-type:1 f_handle:eeffc00000000000
+"""
+
+
+def test_fdinfo_watch_numbers_are_hex():
+    assert parse_fdinfo(FDINFO) == {0x1a2b, 0xff, 0xc0ffee}
+
+
+def test_watching_a_vault_is_quiet_when_nothing_changes(make_daemon, tmp_path):
+    """obsidian-tasks-docs has 31 folders, so watch numbers a-1f: each used to look unwatched
+    and the vault was watched afresh (and rescanned) every few seconds."""
+    d = make_daemon(vaults=("obsidian-tasks-docs",))
+    with d:
+        d.wait_idle()
+        log = tmp_path / "data" / "ragd.log"
+        at = log.stat().st_size
+        time.sleep(6)  # the fault: time passing with nothing changed (checks run at 2-4 s)
+        with open(log, "rb") as f:
+            f.seek(at)
+            idle_lines = [ln for ln in f.read().decode().splitlines() if " DEBUG " not in ln]
+        assert idle_lines == []
+        st = d.call("status")
+        assert st["sources"][0]["watched"] and st["sources"][0]["watch_error"] is None
+
+
+# -- sources are managed --------------------------------------------------------------------------
+
+def _cfg(tmp_path: Path, sources: list[dict], extra: str = BM25_ONLY) -> Path:
+    return write_config(tmp_path / "config.toml", tmp_path / "data", tmp_path / "run" / "s.sock",
+                        sources, extra)
+
+
+def test_sources_added_removed_and_renamed_live(tmp_path):
+    """ragctl sources add/remove edit the config (comments kept) and reload the daemon; a
+    renamed source leaves no copy behind; removing the last source leaves nothing to find."""
+    notes = small_vault(tmp_path / "Notes")
+    cfg = _cfg(tmp_path, [])
+    cfg.write_text("# my own comment, kept\n" + cfg.read_text())
+    d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
+    with d:
+        r = ragctl("--config", cfg, "sources", "add", str(notes))
+        assert r.returncode == 0, r.stderr
+        assert "added source 'Notes'" in r.stdout
+        text = cfg.read_text()
+        assert text.startswith("# my own comment, kept\n") and 'name = "Notes"' in text
+        st = d.wait_idle()
+        assert [s["name"] for s in st["sources"]] == ["Notes"] and st["sources"][0]["files"] == 15
+        n_chunks = st["sources"][0]["chunks"]
+        hits = d.call("search", query="QuickAdd", mode="bm25")["results"]
+        assert hits and all(h["source"] == "Notes" for h in hits)
+        # the same folder under another name, by editing the file and a reload (SIGHUP)
+        cfg.write_text(cfg.read_text().replace('name = "Notes"', 'name = "notes"'))
+        d.proc.send_signal(__import__("signal").SIGHUP)
+        deadline = time.monotonic() + 30
+        while [s["name"] for s in d.call("status")["sources"]] != ["notes"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        st = d.wait_idle()
+        hits = d.call("search", query="QuickAdd", mode="bm25", k=50)["results"]
+        assert hits and {h["source"] for h in hits} == {"notes"}
+        assert len({(h["path"], h["line_start"]) for h in hits}) == len(hits)  # no copies
+        db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+        deadline = time.monotonic() + 30
+        while db.execute("SELECT COUNT(*) FROM files WHERE source = 'Notes'").fetchone()[0]:
+            assert time.monotonic() < deadline, "the old name's rows were not purged"
+            time.sleep(0.05)
+        assert db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == n_chunks
+        assert not any(r["source"] == "Notes" for r in d.call("files")["files"])
+        # adding the same folder again is no second copy
+        r = ragctl("--config", cfg, "sources", "add", str(notes), "--name", "again")
+        assert r.returncode == 0 and "already the source 'notes'" in r.stdout
+        # a name that is taken by another folder is refused, and the file left as it was
+        other = tmp_path / "Other"
+        other.mkdir()
+        before = cfg.read_text()
+        r = ragctl("--config", cfg, "sources", "add", str(other), "--name", "notes")
+        assert r.returncode == 2 and "already has a source named 'notes'" in r.stderr
+        assert cfg.read_text() == before
+        # removed: never searched again
+        r = ragctl("--config", cfg, "sources", "remove", "notes")
+        assert r.returncode == 0, r.stderr
+        d.wait_idle()
+        assert d.call("search", query="QuickAdd", mode="bm25")["results"] == []
+        assert d.call("status")["sources"] == []
+        r = ragctl("--config", cfg, "sources", "remove", "notes")
+        assert r.returncode == 2 and "no source named 'notes'" in r.stderr
+    # with the daemon down, the sources come from the file
+    r = ragctl("--config", cfg, "sources", "add", str(other))
+    assert r.returncode == 0, r.stderr
+    r = ragctl("--config", cfg, "sources")
+    assert r.returncode == 0 and "Other" in r.stdout and "not running" in r.stdout
+
+
+def test_a_renamed_source_embeds_nothing_again(tmp_path):
+    notes = small_vault(tmp_path / "Notes")
+    cfg = _cfg(tmp_path, [{"name": "a", "path": str(notes), "kind": "obsidian"}],
+               engine_config())
+    d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
+    with d:
+        first = wait_embedded(d)["engines"]["embedding"]["embedded_texts"]
+        cfg.write_text(cfg.read_text().replace('name = "a"', 'name = "b"'))
+        assert d.call("reload")["added"] == ["b"]
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["embedded_texts"] == first  # the cache had them
+        assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
+        res = d.call("search", query="make a task repeat", mode="hybrid")
+        assert {r["source"] for r in res["results"]} == {"b"}
+
+
+def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_path):
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAGD_", "XDG_"))}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"),
+               XDG_DATA_HOME=str(home / ".local" / "share"),
+               XDG_RUNTIME_DIR=str(tmp_path / "rt"))
+    (tmp_path / "rt").mkdir(mode=0o700)
+    notes = small_vault(home / "Notes")
+    docs = home / "Docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# A\n\nThe word ornithopter is here.\n")
+    cfg = home / ".config" / "ragd" / "config.toml"
+    # the default model, as if built before (building it reaches PyPI: tests/test_convert.py)
+    from ragd.engines import models
+    from conftest import EMBED_MODEL
+    dest = models.installed_path(models.REGISTRY["all-MiniLM-L6-v2"],
+                                 home / ".local" / "share" / "ragd")
+    dest.parent.mkdir(parents=True)
+    shutil.copy(EMBED_MODEL, dest)
+    os.chmod(home / ".local" / "share" / "ragd", 0o700)
+    try:
+        r = ragctl("start", "--source", str(notes), env=env)
+        assert r.returncode == 0, r.stderr
+        assert cfg.exists() and '[embedding]' in cfg.read_text()  # the documented default
+        # make it BM25-only for this test, and add a second folder to the running daemon
+        cfg.write_text(cfg.read_text().replace('model = "all-MiniLM-L6-v2"', 'model = ""'))
+        r = ragctl("start", "--source", str(docs), env=env)
+        assert r.returncode == 0, r.stderr
+        assert "added source 'Docs'" in r.stdout
+        r = ragctl("search", "--wait", "20", "ornithopter", env=env)
+        assert r.returncode == 0 and "a.md" in r.stdout, r.stdout + r.stderr
+        r = ragctl("start", "--source", str(home / "nowhere"), env=env)
+        assert r.returncode != 0 and "not a folder" in r.stderr
+        r = ragctl("sources", env=env)
+        assert "Notes" in r.stdout and "Docs" in r.stdout
+    finally:
+        r = ragctl("stop", env=env)
+    assert r.returncode == 0
+    assert not list((tmp_path / "rt" / "ragd").glob("*.sock"))  # no engine socket left
+
+
+def test_the_data_dir_is_private_from_the_start(tmp_path):
+    """With no XDG_RUNTIME_DIR the socket lives in the data dir: ragd makes it 0700 (it made
+    it 0755, then warned that its socket's folder was open to other users)."""
+    data = tmp_path / "data"
+    cfg = write_config(tmp_path / "c.toml", data, data / "ragd.sock", [])
+    with Daemon(cfg, data / "ragd.sock", tmp_path / "err.log"):
+        assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert "open to other users" not in (data / "ragd.log").read_text()
+
+
+# -- search while vectors come, and filters --------------------------------------------------------
+
+def test_filters_apply_before_the_top_k_in_both_rankings(make_daemon, tmp_path):
+    """A source with a tenth of the chunks gets a full list from each ranking (before, the
+    vector top 4n was filtered after ranking: a few candidates)."""
+    big = small_vault(tmp_path / "big")
+    small = tmp_path / "small"
+    small.mkdir()
+    for i in range(12):
+        (small / f"n{i}.md").write_text(f"# Note {i}\n\nA short note, number {i}, about "
+                                        f"gardening and tomatoes.\n")
+    # 10 candidates per ranking, no similarity threshold: the small source's notes rank far
+    # below the big one's for this query, so only a filter before the top k finds 10 of them
+    d = make_daemon(sources=[{"name": "big", "path": str(big), "kind": "obsidian"},
+                             {"name": "small", "path": str(small)}],
+                    extra=engine_config(extra="[search]\ncandidates = 10\nmin_similarity = 0.0\n"))
+    with d:
+        wait_embedded(d)
+        for mode in ("vector", "hybrid"):
+            res = d.call("search", query="how do I make a task repeat", k=10, mode=mode,
+                         sources=["small"])
+            assert len(res["results"]) == 10 and {r["source"] for r in res["results"]} == \
+                {"small"}, (mode, res)
+        res = d.call("search", query="task", k=5, mode="bm25", sources=["big"])
+        assert res["results"] and {r["source"] for r in res["results"]} == {"big"}
+        res = d.call("search", query="note", k=20, mode="vector", path="n1*")
+        assert {Path(r["path"]).name for r in res["results"]} == {"n1.md", "n10.md", "n11.md"}
+
+
+def test_nothing_relevant_only_when_neither_signal_has_anything(make_daemon, tmp_path):
+    root = tmp_path / "n"
+    root.mkdir()
+    (root / "a.md").write_text("# Inventory\n\nThe zorblatt gasket goes on the left flange.\n")
+    (root / "b.md").write_text("# Cooking\n\nKnead the dough, then rest it for an hour.\n")
+    # the threshold measured for MiniLM (bench/threshold.py); a model given by path has none
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra=engine_config(extra="[search]\nmin_similarity = 0.3\n"))
+    with d:
+        wait_embedded(d)
+        # a rare content word amid filler: the vectors see nothing close, BM25 has the word
+        res = d.call("search", query="where would I find the zorblatt thing", mode="hybrid")
+        assert [Path(r["path"]).name for r in res["results"]][:1] == ["a.md"]
+        # only filler words match (and nothing is close in meaning): nothing relevant
+        res = d.call("search", query="what is the way how do I", mode="hybrid")
+        assert res["results"] == [] and res["reason"].startswith("nothing relevant")
+        res = d.call("search", query="what is the way how do I", mode="bm25")
+        assert res["results"] == []
+
+
+# -- ragctl as people use it ------------------------------------------------------------------------
+
+def test_ragctl_small_things(make_daemon, tmp_path):
+    d = make_daemon(vaults=("obsidian-tasks-docs",))
+    with d:
+        d.wait_idle()
+        cfg = d.config
+        r = ragctl("--config", cfg, "search", "due", "date")  # unquoted
+        assert r.returncode == 0 and r.stdout.startswith(" 1. "), r.stderr
+        r = ragctl("--config", cfg, "search", "")
+        assert r.returncode == 2 and "empty query" in r.stderr
+        r = ragctl("--version")
+        assert r.returncode == 0 and r.stdout.startswith("ragctl ")
+        # `ragctl files | head`: a closed pipe is not an error
+        p = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m ragctl "
+                            f"--config {cfg} files | head -3"], capture_output=True, text=True)
+        assert p.returncode == 0 and len(p.stdout.splitlines()) == 3 and p.stderr == ""
+        # status shows each source's lag, and the search shows the matching lines
+        r = ragctl("--config", cfg, "status")
+        assert "index lag" in r.stdout
+        r = ragctl("--config", cfg, "--json", "search", "recurrence rule", "-k", "3")
+        res = json.loads(r.stdout)
+        top = res["results"][0]
+        assert top["match_lines"] and all(top["line_start"] <= n <= top["line_end"]
+                                          for n in top["match_lines"])
+        r = ragctl("--config", cfg, "search", "recurrence rule", "-k", "3")
+        line = top["match_lines"][0]
+        assert f"{top['path']}:{line}" in r.stdout and f"{line:>5}: " in r.stdout
+    r = ragctl("--config", cfg, "--json", "stop")
+    assert r.returncode == 1 and json.loads(r.stdout)["running"] is False
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon\n")
+    r = ragctl("--config", bad, "status")
+    assert r.returncode == 2 and str(bad) in r.stderr
+
+
+def test_a_rare_word_on_the_last_line_of_a_chunk_is_shown(make_daemon, tmp_path):
+    root = tmp_path / "n"
+    root.mkdir()
+    body = "\n".join(f"Line {i} says something ordinary about notes." for i in range(1, 17))
+    (root / "long.md").write_text(f"# Long\n\n{body}\nThe very last line has quetzalcoatl.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        r = ragctl("--config", d.config, "search", "quetzalcoatl")
+        assert ":19" in r.stdout and "quetzalcoatl" in r.stdout.split(":19", 1)[1], r.stdout
+
+
+def test_a_table_split_into_chunks_keeps_its_header_row():
+    rows = "\n".join(f"| 1.{i}.0 | fixed a bug in feature number {i} of the plugin |"
+                     for i in range(60))
+    doc = markdown.parse(f"# Changes\n\n| version | what changed |\n|---|---|\n{rows}\n",
+                         "Changelog")
+    chunks = chunker.chunk_doc(doc, budget=120, overlap=0)
+    assert len(chunks) > 2
+    for c in chunks:
+        assert "version" in c.body and "what changed" in c.body, c.body[:80]
+        assert c.text.count("| version |") <= 1  # the shown text is the file's own lines
+
+
+def test_pdf_hint_reads_plainly(make_daemon, tmp_path):
+    root = tmp_path / "docs"
+    root.mkdir()
+    make_pdf(root / "a.pdf", [["hello"]])
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # no pdftotext on it
+    d = make_daemon(sources=[{"name": "docs", "path": str(root)}], env=env)
+    with d:
+        (hint,) = d.wait_idle()["hints"]
+        assert hint.count("(") == 0 and "poppler-utils" in hint
+
+
+def test_status_never_says_zero_texts_to_embed_while_vectors_are_missing(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    d.start()
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            st = d.call("status")
+            e = st["engines"].get("embedding", {})
+            chunks = st["sources"][0]["chunks"]
+            todo, vectors = e.get("pending_texts"), e.get("vectors", 0)
+            if todo == 0:
+                assert vectors == chunks and st["idle"], (todo, vectors, chunks)
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        d.stop()
+    # and a restart with everything cached never says there is work
+    with d:
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["embedded_texts"] == 0
+
+
+def test_progress_lines_only_on_a_terminal(tmp_path):
+    cfg = _cfg(tmp_path, [])
+    notes = small_vault(tmp_path / "Notes")
+    env = {**os.environ, "RAGD_CONFIG": str(cfg)}
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: ragctl start on a terminal
+        os.execvpe(sys.executable, [sys.executable, "-m", "ragctl", "start", "--source",
+                                    str(notes)], env)
+    out = b""
+    try:
+        while True:
+            r, _, _ = select.select([fd], [], [], 60)
+            if not r:
+                break
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        _, status = os.waitpid(pid, 0)
+        text = out.decode(errors="replace")
+        assert os.waitstatus_to_exitcode(status) == 0, text
+        assert "indexing: 15 files" in text, text
+        # piped: no progress line
+        r = ragctl("--config", cfg, "reindex")
+        assert r.returncode == 0 and "\r" not in r.stdout
+    finally:
+        ragctl("--config", cfg, "stop")
