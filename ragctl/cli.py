@@ -214,6 +214,31 @@ def do_service(args) -> int:
     return 0
 
 
+def do_eval(args) -> int:
+    from ragctl import evaluate
+    questions = []
+    try:
+        for f in args.files:
+            questions += evaluate.load(Path(f))
+    except evaluate.EvalError as e:
+        raise Fail(str(e), 2)
+    modes = ["bm25", "vector", "hybrid"] if args.mode == "all" else [args.mode]
+    with connect(args, timeout=120) as c:
+        roots = {s["name"]: s["path"] for s in c.call("sources")}
+        results = [evaluate.run(c, questions, m, args.source, roots) for m in modes]
+    if args.json:
+        print(json.dumps(results if len(results) > 1 else results[0], ensure_ascii=False))
+    else:
+        print(evaluate.table(results))
+        if args.misses:
+            for res in results:
+                for r in res["rows"]:
+                    if r.get("hit@5") == 0.0:
+                        print(f"miss [{res['mode']}] {r['id']} ({r['kind']}): {r['question']}\n"
+                              f"    got: {', '.join(r['top'][:3]) or 'nothing'}")
+    return 0
+
+
 def do_stop(args) -> int:
     try:
         result = call(args, "stop")
@@ -636,6 +661,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-start", action="store_true",
                    help="install: only write the unit file")
     p.set_defaults(func=do_service)
+    p = sub.add_parser("eval", parents=[common],
+                       help="retrieval quality on your own questions (JSON lines: question, "
+                            "relevant)")
+    p.add_argument("files", nargs="+", metavar="QUESTIONS.jsonl")
+    p.add_argument("--mode", choices=["hybrid", "vector", "bm25", "all"], default=None,
+                   help="ranking (default: the daemon's; all: each in turn)")
+    p.add_argument("--source", action="append", metavar="NAME",
+                   help="search only this source (repeatable)")
+    p.add_argument("--misses", action="store_true", help="list the questions missed in the top 5")
+    p.set_defaults(func=do_eval)
     p = sub.add_parser("reload", parents=[common],
                        help="read the config again: sources added, removed or changed apply now")
     p.set_defaults(func=do_reload)

@@ -59,6 +59,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "doc_prefix": (str, None),
         "batch_tokens": (int, 1024),
         "vector_dtype": (str, "float32"),
+        "query_engine": (bool, True),
     },
     "models": {
         "hub_url": (str, ""),
@@ -132,6 +133,7 @@ class Config:
     embedding_doc_prefix: str | None = None
     embed_batch_tokens: int = 1024
     vector_dtype: str = "float32"
+    query_engine: bool = True
     reranker_model: str = ""
     reranker_pooling: str = ""
     rerank_top: int = 20
@@ -286,6 +288,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   embedding_model=em["model"], embedding_pooling=em["pooling"],
                   embedding_query_prefix=em["query_prefix"], embedding_doc_prefix=em["doc_prefix"],
                   embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
+                  query_engine=em["query_engine"],
                   reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
                   rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],
                   gc_grace_hours=values["gc"]["grace_hours"],

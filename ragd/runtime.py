@@ -40,7 +40,8 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "embedding_query_prefix": "embedding.query_prefix",
            "embedding_doc_prefix": "embedding.doc_prefix",
            "embed_batch_tokens": "embedding.batch_tokens",
-           "vector_dtype": "embedding.vector_dtype", "reranker_model": "reranker.model",
+           "vector_dtype": "embedding.vector_dtype", "query_engine": "embedding.query_engine",
+           "reranker_model": "reranker.model",
            "reranker_pooling": "reranker.pooling", "watch": "watch.enabled"}
 
 

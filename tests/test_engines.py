@@ -82,7 +82,13 @@ def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, t
         st = wait_embedded(d)
         engine_kind.check(st["engines"]["embedding"])
         pid = st["engines"]["embedding"]["pid"]
+        qpid = st["engines"]["embedding"]["query_engine"]["pid"]
+        # Both engines gone (the main one and the one for queries): BM25 answers meanwhile.
         os.kill(pid, signal.SIGKILL)
+        os.kill(qpid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while d.call("status")["engines"]["embedding"]["query_engine"]["state"] == "ready":
+            assert time.monotonic() < deadline  # seen at once on the pidfd
         res = d.call("search", query="make a task repeat", k=3)
         assert res["degraded"] is True and res["mode"] == "bm25"
         assert res["requested_mode"] == "hybrid" and "engine" in res["reason"]
@@ -90,22 +96,24 @@ def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, t
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             e = d.call("status")["engines"]["embedding"]
-            if e["state"] == "ready" and e["pid"] != pid:
+            if e["state"] == "ready" and e["pid"] != pid and \
+                    e["query_engine"]["state"] == "ready":
                 break
             time.sleep(0.05)
         assert e["state"] == "ready" and e["restarts"] == 1 and e["pid"] != pid
+        assert e["query_engine"]["restarts"] == 1 and not alive(qpid)
         engine_kind.check(e)
         assert not alive(pid)
         res = d.call("search", query="make a task repeat", k=3)
         assert res["degraded"] is False and res["mode"] == "hybrid"
-        engine_pid = e["pid"]
-        # The daemon dies without cleaning up: the kernel takes the engine with it.
+        engine_pids = [e["pid"], e["query_engine"]["pid"]]
+        # The daemon dies without cleaning up: the kernel takes the engines with it.
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait(10)
         deadline = time.monotonic() + 10
-        while alive(engine_pid) and time.monotonic() < deadline:
+        while any(map(alive, engine_pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not alive(engine_pid), "engine orphaned by a killed daemon"
+        assert not any(map(alive, engine_pids)), "engine orphaned by a killed daemon"
 
 
 def test_engine_that_keeps_dying_is_marked_failed(make_daemon, tmp_path, engine_kind):

@@ -6,6 +6,7 @@ converted), so it runs in a thread after the socket is up: search answers from B
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
@@ -24,6 +25,9 @@ class Engines:
         self.embed_model: ResolvedModel | None = None
         self.rerank_model: ResolvedModel | None = None
         self.embed_engine: Engine | None = None
+        # A second, small engine for query embeddings (same model, one thread): a search never
+        # waits behind a bulk embedding batch ([embedding] query_engine).
+        self.query_engine: Engine | None = None
         self.rerank_engine: Engine | None = None
         self.embedder: Embedder | None = None
         self.errors: dict[str, str] = {}
@@ -71,6 +75,10 @@ class Engines:
                 engine = Engine(role, model, self.settings, run_dir, log_dir)
                 if role == "embedding":
                     self.embed_model, self.embed_engine = model, engine
+                    if self.cfg.query_engine:
+                        self.query_engine = Engine(
+                            "query", model, dataclasses.replace(self.settings, threads=1),
+                            run_dir, log_dir)
                     self.embedder = Embedder(self.cfg.db_path, engine, model,
                                              dtype=self.cfg.vector_dtype,
                                              batch_tokens=self.cfg.embed_batch_tokens,
@@ -80,6 +88,8 @@ class Engines:
                 engine.start()
                 if role == "embedding":
                     self.embedder.start()
+                    if self.query_engine is not None:
+                        self.query_engine.start()
             self.setting_up[role] = False
 
     def unavailable(self, role: str) -> str | None:
@@ -118,7 +128,7 @@ class Engines:
             pass
         if self.embedder is not None:
             self.embedder.stop()
-        for engine in (self.embed_engine, self.rerank_engine):
+        for engine in (self.embed_engine, self.query_engine, self.rerank_engine):
             if engine is not None:
                 engine.stop()
 
@@ -145,4 +155,8 @@ class Engines:
                 "embedded_texts": s.texts, "embedded_tokens": s.tokens,
                 "truncated": s.truncated, "failed": s.failed,
             })
+        if self.query_engine is not None:
+            q = self.query_engine.status()
+            out["embedding"]["query_engine"] = {k: q[k] for k in ("state", "pid", "restarts",
+                                                                  "reason")}
         return out

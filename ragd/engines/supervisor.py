@@ -81,9 +81,10 @@ def command(role: str, model: ResolvedModel, sock: Path, settings: EngineSetting
                "--pooling", model.pooling, "--no-webui"]
         cmd += ["--reranking"] if role == "reranker" else ["--embedding"]
         return cmd
+    serves = "reranker" if role == "reranker" else "embedding"  # "query": embeds queries
     return [sys.executable, "-m", "ragd.engines.bundled", "--model", str(model.path),
-            "--host", str(sock), "--role", role, "--pooling", model.pooling, "--ctx-size", ctx,
-            "--threads", str(settings.threads)]
+            "--host", str(sock), "--role", serves, "--pooling", model.pooling, "--ctx-size",
+            ctx, "--threads", str(settings.threads)]
 
 
 def child_env() -> dict[str, str]:

@@ -143,11 +143,17 @@ class Searcher:
         """Fill lists['vector']; return why vectors cannot be used, or None."""
         engines = self.engines
         emb = engines.embedder
-        if emb is None or emb.vectors is None or not engines.embed_engine.ready:
+        if emb is None or emb.vectors is None:
             return engines.unavailable("embedding") or "the embedding engine is starting"
         model = engines.embed_model
+        # The query engine, when it runs: the main one may be busy with a bulk batch (or
+        # restarting: then the query engine still answers, and the other way round).
+        engine = next((e for e in (engines.query_engine, engines.embed_engine)
+                       if e is not None and e.ready), None)
+        if engine is None:
+            return engines.unavailable("embedding") or "the embedding engine is starting"
         try:
-            qv = engines.embed_engine.client.embed([model.query_prefix + query], timeout=10.0)[0]
+            qv = engine.client.embed([model.query_prefix + query], timeout=10.0)[0]
         except (EngineUnavailable, EngineError) as e:
             return f"the embedding engine is unavailable: {e}"
         vi = emb.vectors
