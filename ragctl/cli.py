@@ -339,7 +339,7 @@ def do_search(args) -> int:
     if not query.strip():
         raise Fail("empty query: say what to search for", 2)
     kw = {"query": query}
-    for key in ("mode", "k", "rerank", "wait", "path", "tag", "since", "before"):
+    for key in ("mode", "k", "rerank", "wait", "path", "tag", "since", "before", "group"):
         if getattr(args, key, None) is not None:
             kw[key] = getattr(args, key)
     if args.source:
@@ -358,6 +358,9 @@ def do_search(args) -> int:
             notes.append("no close meaning match: these results match the query's words")
         if res.get("rerank_reason"):
             notes.append(f"not reranked: {res['rerank_reason']}")
+        if res.get("low_confidence") and res["results"]:
+            notes.append(f"low confidence ({res.get('confidence')}): the notes may not answer "
+                         f"this; few of its distinctive words are in them")
         for note in notes:
             print(f"({note})")
         if not res["results"]:
@@ -382,11 +385,29 @@ def do_search(args) -> int:
                 k = n - r["line_start"]
                 text = lines[k].strip() if 0 <= k < len(lines) else ""
                 print(f"    {n:>5}: {_mark(_one_line(text)[:160], terms, color)}")
+            if args.explain:
+                print(f"    why: {_explain(r['scores'], res.get('weights'))}")
 
     out = {k: res[k] for k in ("query", "mode", "elapsed_ms", "results")}
     out.update({k: v for k, v in res.items() if k not in out})
     emit(args, out, human)
     return 0
+
+
+def _explain(scores: dict, weights: dict | None) -> str:
+    """Each signal's rank and score for one result (search --explain)."""
+    out = []
+    for name in ("bm25", "vector"):
+        if f"{name}_rank" in scores:
+            w = f", weight {weights[name]}" if weights and name in weights else ""
+            out.append(f"{name} rank {scores[name + '_rank']} (score {scores[name]}{w})")
+        elif weights and name in weights:
+            out.append(f"{name}: not in its top candidates")
+    for name, label in (("rrf", "fused (RRF)"), ("note", "note score (best chunk, length-"
+                                                       "damped)"), ("rerank", "reranker")):
+        if name in scores:
+            out.append(f"{label} {scores[name]}")
+    return "; ".join(out)
 
 
 _STOP = frozenset("a an and are as at be by can do does for from has have how i if in is it "
@@ -696,6 +717,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", metavar="TAG", help="only notes with this tag (a/b matches a)")
     p.add_argument("--since", metavar="DATE", help="only files changed since (YYYY-MM-DD)")
     p.add_argument("--before", metavar="DATE", help="only files changed before (YYYY-MM-DD)")
+    p.add_argument("--group", choices=["note", "chunk"],
+                   help="note (default): one result per note, its best part; chunk: every "
+                        "matching part")
+    p.add_argument("--explain", action="store_true",
+                   help="say why each result ranked: each signal's rank and score")
     p.set_defaults(func=do_search)
     p = sub.add_parser("get", parents=[common],
                        help="print a file of a source, or lines of it (PATH:START-END)")

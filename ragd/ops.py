@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import json
 import math
 import os
 import queue
@@ -16,6 +17,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable
 
 import msgpack
@@ -27,7 +29,7 @@ from ragd.index import gc, store
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
-from ragd.search import bm25
+from ragd.search import bm25, notes
 from ragd.search.filters import Filters
 from ragd.search.hybrid import MODES, Searcher
 from ragd.engines import download, models
@@ -42,7 +44,7 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "search": {"query": (str, REQUIRED), "k": (int, None), "mode": (str, None),
                "sources": (list, None), "rerank": (bool, None), "wait": ((int, float), 0),
                "path": (str, None), "tag": (str, None), "since": ((int, float, str), None),
-               "before": ((int, float, str), None)},
+               "before": ((int, float, str), None), "group": (str, "note")},
     "get": {"path": (str, REQUIRED), "line_start": (int, None), "line_end": (int, None)},
     "reindex": {"source": (str, None)},
     "files": {"source": (str, None), "status": (str, None), "limit": (int, 1000),
@@ -272,10 +274,13 @@ class Ops:
 
     def cmd_search(self, query: str, k: int | None, mode: str | None, sources: list | None,
                    rerank: bool | None, wait: float, path: str | None = None,
-                   tag: str | None = None, since=None, before=None) -> dict:
+                   tag: str | None = None, since=None, before=None,
+                   group: str = "note") -> dict:
         t0 = time.perf_counter()
         if not query.strip():
             raise OpError(P.BAD_ARGS, "search: empty query")
+        if group not in ("note", "chunk"):
+            raise OpError(P.BAD_ARGS, f"search: 'group' must be note or chunk, got {group!r}")
         if not 0 <= wait <= 60:
             raise OpError(P.BAD_ARGS, f"search: 'wait' must be between 0 and 60 s, got {wait}")
         fresh = self._wait_fresh(wait) if wait else None
@@ -288,10 +293,20 @@ class Ops:
                           f"got {mode!r}")
         filters = self.filters("search", sources, path, tag, since, before)
         with self.reads.conn() as db:
-            ranked, info = self.searcher.run(db, query, k, mode, filters, rerank)
-            results = self._results(db, [(c.chunk_id, c.score, c.parts) for c in ranked], k)
+            ranked, info = self.searcher.run(db, query, k, mode, filters, rerank, group)
+            grouped = notes.group(db, ranked, info.get("reranked", False))
+            conf = notes.confidence(db, query, grouped) if grouped else None
+            if group == "note":
+                results = self._note_results(db, grouped, k)
+            else:
+                results = self._results(db, [(c.chunk_id, c.score, c.parts) for c in ranked], k)
         for r in results:
+            r.pop("chunk_id", None)
             r["match_lines"] = bm25.matching_lines(r["text"], r["line_start"], query)
+        if conf is not None:
+            info["confidence"] = conf
+            info["low_confidence"] = conf < notes.LOW_CONFIDENCE
+        info["group"] = group
         reply = {"query": query, "mode": info["mode"],
                  "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), "results": results}
         reply.update({key: v for key, v in info.items() if key not in ("mode", "nothing_relevant")})
@@ -299,6 +314,44 @@ class Ops:
         if fresh is not None:
             reply["waited"] = {"fresh": fresh, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
         return reply
+
+    def _note_results(self, db: sqlite3.Connection, grouped: list, k: int) -> list:
+        """Note-level results: each note's best chunk, its score, and its other matching
+        chunks (line ranges) — "+N more in this note"."""
+        top = grouped[:k + 10]  # spares, in case some were deleted meanwhile
+        best = self._results(db, [(n.best.chunk_id, n.score, n.best.parts) for n in top],
+                             len(top))
+        by_chunk = {n.best.chunk_id: n for n in top}
+        others = [c.chunk_id for n in top for c in n.chunks[1:]]
+        spans = {}
+        for i in range(0, len(others), 900):
+            part = others[i:i + 900]
+            spans.update({r[0]: r for r in db.execute(
+                f"SELECT id, line_start, line_end, heading FROM chunks WHERE id IN "
+                f"({','.join('?' * len(part))})", part)})
+        titles = {}
+        fids = [n.file_id for n in top]
+        for fid, meta in db.execute(f"SELECT id, meta FROM files WHERE id IN "
+                                    f"({','.join('?' * len(fids))})", fids):
+            try:
+                titles[fid] = (json.loads(meta) or {}).get("title") if meta else None
+            except ValueError:
+                titles[fid] = None
+        out = []
+        for r in best:
+            n = by_chunk[r.pop("chunk_id")]
+            r["title"] = titles.get(n.file_id) or Path(r["path"]).stem
+            r["scores"] = {**r["scores"], "note": round(n.score, 6)}
+            r["more"] = len(n.chunks) - 1
+            r["chunks"] = [{"line_start": r["line_start"], "line_end": r["line_end"],
+                            "heading": r["heading"], "score": round(n.best.score, 6)}] + [
+                {"line_start": spans[c.chunk_id][1], "line_end": spans[c.chunk_id][2],
+                 "heading": spans[c.chunk_id][3], "score": round(c.score, 6)}
+                for c in n.chunks[1:10] if c.chunk_id in spans]
+            out.append(r)
+            if len(out) == k:
+                break
+        return out
 
     def _results(self, db: sqlite3.Connection, ranked: list[tuple[int, float, dict]],
                  k: int) -> list:
@@ -323,7 +376,7 @@ class Ops:
                 "source": r["source"], "line_start": r["line_start"], "line_end": r["line_end"],
                 "heading": r["heading"], "score": round(score, 6), "scores": parts,
                 "text": r["text"], "indexed_at": r["indexed_at"],
-                "stale": _changed(path, r["size"], r["mtime_ns"]),
+                "stale": _changed(path, r["size"], r["mtime_ns"]), "chunk_id": cid,
             })
             if len(out) == k:
                 break

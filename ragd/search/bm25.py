@@ -63,7 +63,11 @@ def _prepare(db: sqlite3.Connection) -> None:
 
 def doc_freq(db: sqlite3.Connection, phrase: str) -> int:
     """Rows of the index containing the rarest token of the phrase (as the index tokenizes)."""
-    db.execute("DELETE FROM temp.stem_q")
+    try:
+        db.execute("DELETE FROM temp.stem_q")
+    except sqlite3.OperationalError:  # this connection's first use of it
+        _prepare(db)
+        db.execute("DELETE FROM temp.stem_q")
     db.execute("INSERT INTO temp.stem_q (x) VALUES (?)", (phrase.strip('"'),))
     counts = [db.execute("SELECT doc FROM temp.chunks_v WHERE term = ?", (t,)).fetchone()
               for (t,) in db.execute("SELECT term FROM temp.stem_v").fetchall()]

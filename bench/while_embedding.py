@@ -1,0 +1,142 @@
+"""Search while the vectors are still coming: quality at partial coverage, and latency during a
+bulk embedding.
+
+    python bench/while_embedding.py [--only coverage,latency] [--coverages 0.1,0.5]
+
+coverage: a fresh daemon on a copy of obsidian-tasks-docs, embedding from scratch. When the
+  share of chunks with a vector reaches each --coverages value, the main embedding engine is
+  paused (SIGSTOP: coverage stays put; the query engine still embeds queries) and the dev set
+  (shared/eval/obsidian-tasks) is run in bm25 and hybrid mode over the socket; then again once
+  every chunk has its vector. The promise: hybrid is never below BM25.
+latency: hybrid search p50 over the socket for the dev-set questions, idle, and while a second
+  source (dwarvesf-brain, ~5,900 chunks) is being embedded in bulk — with the query engine
+  ([embedding] query_engine = true) and without it. The promise: during bulk <= 2x idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from common import (EMBED_MODEL, SHARED, Daemon, copy_vault, median, pct, quiet_config,
+                    ready, save, write_config)
+from ragctl import evaluate
+
+QUESTIONS = SHARED / "eval" / "obsidian-tasks" / "obsidian-tasks-questions.jsonl"
+
+
+def make(tmp: Path, sources: list[dict], query_engine: bool = True) -> Daemon:
+    extra = (f'[embedding]\nmodel = "{EMBED_MODEL}"\nquery_engine = '
+             f'{"true" if query_engine else "false"}\n[engines]\nhealth_interval = 600\n')
+    cfg = write_config(tmp / "config.toml", tmp / "data", tmp / "run" / "s.sock", sources, extra)
+    return Daemon(quiet_config(cfg), tmp / "run" / "s.sock", tmp / "err.log")
+
+
+def dev_eval(d: Daemon, mode: str) -> dict:
+    qs = evaluate.load(QUESTIONS)
+    with d.client(timeout=120) as c:
+        roots = {s["name"]: s["path"] for s in c.call("sources")}
+        res = evaluate.run(c, qs, mode, None, roots)
+    res.pop("rows")
+    return res
+
+
+def coverage_case(args, tmp: Path) -> dict:
+    vault = copy_vault("obsidian-tasks-docs", tmp / "vault")
+    d = make(tmp, [{"name": "tasks", "path": str(vault), "kind": "obsidian"}])
+    out = {}
+    with d:
+        ready(d, vectors=False)
+        for target in sorted(float(x) for x in args.coverages.split(",")):
+            while True:
+                st = d.call("status")
+                e = st["engines"].get("embedding", {})
+                chunks = st["sources"][0]["chunks"]
+                if e.get("vectors", 0) >= target * chunks and e.get("pid"):
+                    break
+                time.sleep(0.2)
+            os.kill(e["pid"], signal.SIGSTOP)  # coverage stays where it is while we measure
+            try:
+                row = {m: dev_eval(d, m) for m in ("bm25", "hybrid")}
+                cov = d.call("search", query="coverage", mode="hybrid")["vector_coverage"]
+            finally:
+                os.kill(e["pid"], signal.SIGCONT)
+            out[f"{cov:.2f}"] = _summary(row)
+            print(f"  coverage {cov:.2f}: {out[f'{cov:.2f}']}", flush=True)
+        ready(d, vectors=True)
+        out["1.00"] = _summary({m: dev_eval(d, m) for m in ("bm25", "hybrid")})
+        print(f"  coverage 1.00: {out['1.00']}", flush=True)
+    return out
+
+
+def _summary(row: dict) -> dict:
+    return {m: {k: row[m]["overall"][k] for k in ("hit@1", "hit@5", "mrr@10")} for m in row}
+
+
+def latency_case(args, tmp: Path) -> dict:
+    questions = [q["question"] for q in evaluate.load(QUESTIONS)]
+    out = {}
+    for query_engine in (True, False):
+        work = tmp / f"q{int(query_engine)}"
+        vault = copy_vault("obsidian-tasks-docs", work / "vault")
+        bulk = copy_vault("dwarvesf-brain", work / "bulk")
+        d = make(work, [{"name": "tasks", "path": str(vault), "kind": "obsidian"}],
+                 query_engine)
+        with d:
+            ready(d, vectors=True)
+            idle = _latencies(d, questions)
+            cfg = d.config.read_text()
+            d.config.write_text(cfg + f'\n[[sources]]\nname = "bulk"\npath = "{bulk}"\n'
+                                      f'kind = "obsidian"\n')
+            d.call("reload")
+            while d.call("status")["engines"]["embedding"]["embedder"] != "embedding":
+                time.sleep(0.2)
+            time.sleep(2)
+            busy = _latencies(d, questions)
+            e = d.call("status")["engines"]["embedding"]
+            still = e["embedder"] == "embedding"
+        key = "with_query_engine" if query_engine else "without_query_engine"
+        out[key] = {"idle_p50_ms": round(median(idle), 1), "idle_p95_ms": round(pct(idle, 95), 1),
+                    "bulk_p50_ms": round(median(busy), 1), "bulk_p95_ms": round(pct(busy, 95), 1),
+                    "ratio_p50": round(median(busy) / median(idle), 2),
+                    "bulk_still_running_at_end": still}
+        print(f"  {key}: {out[key]}", flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _latencies(d: Daemon, questions: list[str]) -> list[float]:
+    lat = []
+    with d.client(timeout=120) as c:
+        for q in questions[:5]:
+            c.call("search", query=q, mode="hybrid")
+        for q in questions:
+            t = time.perf_counter()
+            c.call("search", query=q, mode="hybrid")
+            lat.append((time.perf_counter() - t) * 1e3)
+    return lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="coverage,latency")
+    ap.add_argument("--coverages", default="0.1,0.5")
+    args = ap.parse_args()
+    results = {}
+    for name in args.only.split(","):
+        tmp = Path(tempfile.mkdtemp(prefix=f"ragd-while-{name}-"))
+        try:
+            print(f"== {name}", flush=True)
+            results[name] = {"coverage": coverage_case, "latency": latency_case}[name](args, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    save("while_embedding", results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Answers, not fragments: note-level results, filters, --explain, confidence and ragctl eval,
+through the real daemon and the real socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from conftest import engine_config, ragctl, small_vault, wait_embedded
+
+
+def test_results_are_notes_and_chunks_on_request(make_daemon):
+    d = make_daemon(vaults=("obsidian-tasks-docs",))
+    with d:
+        d.wait_idle()
+        res = d.call("search", query="recurring task recurrence rule", k=10, mode="bm25")
+        paths = [r["path"] for r in res["results"]]
+        assert len(paths) == len(set(paths)) == 10 and res["group"] == "note"
+        top = res["results"][0]
+        assert top["title"] and top["more"] > 0 and len(top["chunks"]) == min(10, top["more"] + 1)
+        assert top["chunks"][0]["line_start"] == top["line_start"]
+        assert all(c["line_start"] <= c["line_end"] for c in top["chunks"])
+        chunks = d.call("search", query="recurring task recurrence rule", k=10, mode="bm25",
+                        group="chunk")["results"]
+        assert len({r["path"] for r in chunks}) < len(chunks)  # one note, several parts
+        assert "more" not in chunks[0]
+
+
+def _note(root: Path, name: str, tags: list[str], mtime: float, text: str) -> None:
+    p = root / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(f"---\ntags: [{', '.join(tags)}]\n---\n# {Path(name).stem}\n\n{text}\n")
+    os.utime(p, (mtime, mtime))
+
+
+def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
+    root = tmp_path / "v"
+    (root / ".obsidian").mkdir(parents=True)
+    day = 86400
+    t0 = time.mktime(time.strptime("2026-06-01", "%Y-%m-%d"))
+    _note(root, "Projects/alpha.md", ["project/alpha"], t0, "The meeting about budgets.")
+    _note(root, "Projects/beta.md", ["project/beta", "urgent"], t0 + 10 * day,
+          "The meeting about hiring.")
+    _note(root, "Journal/day.md", ["journal"], t0 + 20 * day, "A meeting with a friend.")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}])
+    with d:
+        d.wait_idle()
+
+        def names(**kw):
+            res = d.call("search", query="meeting", mode="bm25", **kw)
+            return sorted(Path(r["path"]).name for r in res["results"])
+
+        assert names() == ["alpha.md", "beta.md", "day.md"]
+        assert names(tag="project") == ["alpha.md", "beta.md"]  # nested tags match
+        assert names(tag="#project/alpha") == ["alpha.md"]
+        assert names(tag="Urgent") == ["beta.md"]  # tags ignore case
+        assert names(since="2026-06-05") == ["beta.md", "day.md"]
+        assert names(before="2026-06-05") == ["alpha.md"]
+        assert names(since=t0 + 5 * day, before=t0 + 15 * day) == ["beta.md"]
+        assert names(path="Projects/*") == ["alpha.md", "beta.md"]
+        r = ragctl("--config", d.config, "search", "meeting", "--tag", "journal", "--mode", "bm25")
+        assert r.returncode == 0 and "day.md" in r.stdout and "alpha.md" not in r.stdout
+        r = ragctl("--config", d.config, "search", "meeting", "--since", "June first")
+        assert r.returncode == 1 and "must be a date" in r.stderr
+
+
+def test_explain_says_why(make_daemon):
+    d = make_daemon(vaults=("obsidian-tasks-docs",))
+    with d:
+        d.wait_idle()
+        r = ragctl("--config", d.config, "search", "--explain", "-k", "2", "recurrence rule")
+        assert r.returncode == 0
+        why = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("why:")]
+        assert len(why) == 2 and all("bm25 rank" in w for w in why), r.stdout
+
+
+def test_eval_measures_by_note(make_daemon, tmp_path):
+    root = tmp_path / "n"
+    root.mkdir()
+    (root / "apples.md").write_text("# Apples\n\nApples grow on trees in orchards.\n")
+    (root / "pears.md").write_text("# Pears\n\nPears are sweet and grow on trees too.\n")
+    (root / "bread.md").write_text("# Bread\n\nKnead the dough and bake it.\n")
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("\n".join(json.dumps(q) for q in [
+        {"id": "a", "question": "orchards", "relevant": ["apples.md"], "kind": "keyword"},
+        {"id": "b", "question": "sweet trees", "relevant": ["pears.md"], "kind": "keyword"},
+        {"id": "c", "question": "dough", "relevant": ["apples.md"], "kind": "other"},
+        {"id": "o", "question": "quantum chromodynamics"},
+    ]) + "\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        r = ragctl("--config", d.config, "--json", "eval", qfile)
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res["questions"] == 3
+        assert res["overall"]["hit@1"] == round(2 / 3, 4)  # a and b first; c never
+        assert res["by_kind"]["other"]["mrr@10"] == 0.0
+        assert res["out_of_scope"] == {"n": 1, "nothing_relevant": 1, "flagged": 1}
+        r = ragctl("--config", d.config, "eval", "--misses", qfile)
+        assert "miss" in r.stdout and "dough" in r.stdout and "hit@1" in r.stdout
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"question": "x"}\n{not json\n')
+        r = ragctl("--config", d.config, "eval", bad)
+        assert r.returncode == 2 and f"{bad}:2" in r.stderr
+
+
+def test_confidence_flags_what_the_notes_do_not_answer(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        ok = d.call("search", query="how do I set up a custom status for my tasks")
+        assert ok["results"] and ok["low_confidence"] is False and ok["confidence"] > 0.5
+        off = d.call("search", query="How do I sync my Obsidian tasks with Google Calendar "
+                                     "so they show up in my phone's calendar app?")
+        assert off["low_confidence"] is True and off["confidence"] < 0.25
