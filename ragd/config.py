@@ -74,6 +74,9 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "scan_interval": (float, 600.0),
         "unwatched_scan_interval": (float, 30.0),
     },
+    "buffers": {
+        "max_per_client": (int, 16),
+    },
     "reranker": {
         "model": (str, ""),
         "pooling": (str, ""),
@@ -134,6 +137,7 @@ class Config:
     embed_batch_tokens: int = 1024
     vector_dtype: str = "float32"
     query_engine: bool = True
+    max_buffers_per_client: int = 16
     reranker_model: str = ""
     reranker_pooling: str = ""
     rerank_top: int = 20
@@ -245,6 +249,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("engines", "threads", 1), ("engines", "startup_timeout", 1),
                             ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
                             ("engines", "health_interval", 0.5),
+                            ("buffers", "max_per_client", 1),
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
                             ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
                             ("gc", "grace_hours", 0), ("gc", "interval_hours", 0.01),
@@ -289,6 +294,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   embedding_query_prefix=em["query_prefix"], embedding_doc_prefix=em["doc_prefix"],
                   embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
                   query_engine=em["query_engine"],
+                  max_buffers_per_client=values["buffers"]["max_per_client"],
                   reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
                   rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],
                   gc_grace_hours=values["gc"]["grace_hours"],

@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import msgpack
+import numpy as np
 
 from ragd import __version__, workers
 from ragd import protocol as P
 from ragd.config import Config
+from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.index import gc, store
+from ragd.index.buffers import BufferError, BufferStore
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
@@ -54,6 +57,9 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "wait": {"timeout": ((int, float), 60), "vectors": (bool, False)},
     "models": {},
     "models_pull": {"name": (str, REQUIRED)},
+    "buffer_set": {"path": (str, REQUIRED), "text": (str, REQUIRED), "version": (int, None)},
+    "buffer_drop": {"path": (str, REQUIRED)},
+    "related": {"path": (str, None), "text": (str, None), "k": (int, 10)},
     "reload": {},
     "stop": {},
 }
@@ -136,21 +142,25 @@ class Ops:
         self.cfg = cfg
         self.indexer = indexer
         self.engines = engines
-        self.searcher = Searcher(cfg, engines)
+        self.searcher = None  # made below, with the buffers
         self.watcher = None  # set by the daemon once watching starts
         self.events = indexer.events
         self.request_stop = request_stop
         self.reload = reload
         self.reads = ReadPool(cfg.db_path)
+        self.buffers = BufferStore(cfg, engines, self.reads)
+        self.searcher = Searcher(cfg, engines, self.buffers)
         self.started = time.time()
         self.stopping = threading.Event()
 
-    def dispatch(self, op: str, args: dict) -> Any:
+    def dispatch(self, op: str, args: dict, session=None) -> Any:
         handler = getattr(self, f"cmd_{op}", None) if op in ARGS else None
         if handler is None:
             raise OpError(P.UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(ARGS)}")
         if self.stopping.is_set() and op != "ping":
             raise OpError(P.SHUTTING_DOWN, "ragd is stopping")
+        if op in SESSION_OPS:  # ops whose state belongs to the connection
+            return handler(session or _NO_SESSION, **check_args(op, args))
         return handler(**check_args(op, args))
 
     # -- ops ------------------------------------------------------------------------------------
@@ -294,8 +304,8 @@ class Ops:
         filters = self.filters("search", sources, path, tag, since, before)
         with self.reads.conn() as db:
             ranked, info = self.searcher.run(db, query, k, mode, filters, rerank, group)
-            grouped = notes.group(db, ranked, info.get("reranked", False))
-            conf = notes.confidence(db, query, grouped) if grouped else None
+            grouped = notes.group(db, ranked, info.get("reranked", False), self.buffers)
+            conf = notes.confidence(db, query, grouped, self.buffers) if grouped else None
             if group == "note":
                 results = self._note_results(db, grouped, k)
             else:
@@ -329,14 +339,11 @@ class Ops:
             spans.update({r[0]: r for r in db.execute(
                 f"SELECT id, line_start, line_end, heading FROM chunks WHERE id IN "
                 f"({','.join('?' * len(part))})", part)})
-        titles = {}
-        fids = [n.file_id for n in top]
-        for fid, meta in db.execute(f"SELECT id, meta FROM files WHERE id IN "
-                                    f"({','.join('?' * len(fids))})", fids):
-            try:
-                titles[fid] = (json.loads(meta) or {}).get("title") if meta else None
-            except ValueError:
-                titles[fid] = None
+        for cid in others:
+            if cid < 0 and (hit := self.buffers.chunk(cid)):
+                r = hit[1].record
+                spans[cid] = (cid, r.line_start, r.line_end, r.heading)
+        titles = self._titles(db, [n.file_id for n in top])
         out = []
         for r in best:
             n = by_chunk[r.pop("chunk_id")]
@@ -358,13 +365,26 @@ class Ops:
         if not ranked:
             return []
         ranked = ranked[:k + 20]  # a few spare in case some were deleted meanwhile
-        ids = [cid for cid, _, _ in ranked]
+        ids = [cid for cid, _, _ in ranked if cid > 0]
         rows = {r["id"]: r for r in db.execute(
             "SELECT c.id, c.heading, c.line_start, c.line_end, c.text, f.source, f.relpath, "
             f"f.indexed_at, f.size, f.mtime_ns FROM chunks c JOIN files f ON f.id = c.file_id "
             f"WHERE c.id IN ({','.join('?' * len(ids))})", ids)}
         out = []
         for cid, score, parts in ranked:
+            if cid < 0:  # a chunk of an unsaved buffer
+                hit = self.buffers.chunk(cid)
+                if hit is not None:
+                    b, c = hit
+                    out.append({"path": printable(str(b.path)), "source": b.source,
+                                "line_start": c.record.line_start,
+                                "line_end": c.record.line_end, "heading": c.record.heading,
+                                "score": round(score, 6), "scores": parts, "text": c.record.text,
+                                "indexed_at": None, "stale": False, "unsaved": True,
+                                "version": b.version, "chunk_id": cid})
+                if len(out) == k:
+                    break
+                continue
             r = rows.get(cid)
             if r is None:  # deleted between the ranking and this read
                 continue
@@ -501,6 +521,120 @@ class Ops:
         return Stream(*_progress_stream(lambda progress: download.download(
             url, dest, sha, progress=progress), name))
 
+    # -- editors: unsaved buffers and related notes ------------------------------------------------
+
+    def cmd_buffer_set(self, session, path: str, text: str, version: int | None) -> dict:
+        """While this connection holds it, search and related see this text instead of the
+        file's (see index/buffers.py)."""
+        try:
+            out = self.buffers.set(session.id, path, text, version)
+        except BufferError as e:
+            raise OpError(e.code, str(e)) from None
+        session.on_close(lambda: self.buffers.drop_session(session.id))
+        return out
+
+    def cmd_buffer_drop(self, session, path: str) -> dict:
+        p = os.path.abspath(os.path.expanduser(path))
+        return {"dropped": self.buffers.drop(session.id, p)}
+
+    def cmd_related(self, session, path: str | None, text: str | None, k: int) -> dict:
+        """The notes most like a note (or a text), excluding itself: note-level, each with
+        the pair of chunks that links them; from stored vectors (an indexed note costs no
+        embedding)."""
+        t0 = time.perf_counter()
+        if (path is None) == (text is None):
+            raise OpError(P.BAD_ARGS, "related: give either 'path' or 'text'")
+        if not 1 <= k <= 100:
+            raise OpError(P.BAD_ARGS, f"related: 'k' must be between 1 and 100, got {k}")
+        emb = self.engines.embedder
+        if emb is None or emb.vectors is None:
+            raise OpError(P.UNAVAILABLE, "related: no vectors yet ("
+                          + (self.engines.unavailable("embedding") or "the embedding engine is "
+                             "starting") + ")")
+        with self.reads.conn() as db:
+            spans, vecs, own, note_path = self._related_source(db, path, text)
+            if not len(vecs):
+                return {"results": [], "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
+                        "reason": "no vectors for this note yet"}
+            exclude = np.array(sorted(own | {b.file_id for b in self.buffers.active()
+                                            if b.file_id is not None}), dtype=np.int64)
+            hits = emb.vectors.nearest_to_any(vecs, k * 30, exclude)
+            best: dict[int, tuple[int, float, int]] = {}
+            for cid, fid, score, which in hits:
+                if fid not in best:
+                    best[fid] = (cid, score, which)
+            top = sorted(best.items(), key=lambda x: -x[1][1])[:k]
+            rows = self._results(db, [(cid, s, {"vector": round(s, 6)}) for _, (cid, s, _) in
+                                      top], k)
+            titles = self._titles(db, [fid for fid, _ in top])
+        by_chunk = {cid: (fid, which) for fid, (cid, _, which) in top}
+        for r in rows:
+            fid, which = by_chunk[r.pop("chunk_id")]
+            r["title"] = titles.get(fid) or Path(r["path"]).stem
+            r["link"] = {"from": spans[which], "to": {"line_start": r["line_start"],
+                                                      "line_end": r["line_end"]}}
+        return {"results": rows, "of": note_path,
+                "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+
+    def _related_source(self, db, path: str | None, text: str | None):
+        """(line spans, vectors, file ids to leave out, path) of what related is asked of: a
+        note's stored vectors (or its unsaved buffer's), or a text embedded now."""
+        if path is not None:
+            p = os.path.abspath(os.path.expanduser(path))
+            for b in self.buffers.active():
+                if str(b.path) == p:
+                    pairs = self.buffers.vectors_of(b)
+                    own = {b.file_id} if b.file_id is not None else set()
+                    return ([{"line_start": c.record.line_start, "line_end": c.record.line_end}
+                             for c, _ in pairs], np.array([v for _, v in pairs]), own,
+                            printable(p))
+            src = next((s for s in self.cfg.sources if _under(p, s.root)), None)
+            if src is None:
+                raise OpError(P.NOT_FOUND, f"related: {path} is not in any source")
+            row = store.file_row(db, src.name, Path(p).relative_to(src.root).as_posix())
+            if row is None:
+                raise OpError(P.NOT_FOUND, f"related: {path} is not indexed")
+            chunks = db.execute("SELECT id, line_start, line_end FROM chunks WHERE file_id = ? "
+                                "ORDER BY ordinal", (row["id"],)).fetchall()
+            ids, vecs = self.engines.embedder.vectors.get([c[0] for c in chunks])
+            span = {c[0]: {"line_start": c[1], "line_end": c[2]} for c in chunks}
+            return [span[i] for i in ids][:RELATED_CHUNKS], vecs[:RELATED_CHUNKS], \
+                {row["id"]}, printable(p)
+        if len(text.encode("utf-8", "surrogatepass")) > self.cfg.max_file_bytes:
+            raise OpError(P.BAD_ARGS, "related: the text is over the file size limit")
+        from ragd.ingest import chunker, markdown
+        pieces = chunker.chunk_doc(markdown.parse(text, ""), self.cfg.chunk_tokens,
+                                   self.cfg.chunk_overlap)[:RELATED_CHUNKS]
+        engine = next((e for e in (self.engines.query_engine, self.engines.embed_engine)
+                       if e is not None and e.ready), None)
+        if engine is None or not pieces:
+            return [], np.empty((0, 1)), set(), None
+        model = self.engines.embed_model
+        try:
+            vecs = engine.client.embed([model.doc_prefix + chunker.embed_text(c.heading,
+                                                                             c.body)[:4000]
+                                        for c in pieces], timeout=30)
+        except (EngineError, EngineUnavailable) as e:
+            raise OpError(P.UNAVAILABLE, f"related: the embedding engine: {e}") from None
+        return ([{"line_start": c.line_start, "line_end": c.line_end} for c in pieces], vecs,
+                set(), None)
+
+    def _titles(self, db, fids: list[int]) -> dict[int, str | None]:
+        out: dict[int, str | None] = {}
+        real = [f for f in fids if f > 0]
+        if real:
+            for fid, meta in db.execute(f"SELECT id, meta FROM files WHERE id IN "
+                                        f"({','.join('?' * len(real))})", real):
+                try:
+                    out[fid] = (json.loads(meta) or {}).get("title") if meta else None
+                except ValueError:
+                    out[fid] = None
+        for f in fids:
+            if f < 0:
+                hit = next((b for b in self.buffers.active() if b.note_id == f), None)
+                out[f] = hit.title if hit else None
+        return out
+
     def cmd_reload(self) -> dict:
         """Read the config file again and apply it: sources added, removed or changed take
         effect at once; the reply says what needs a restart."""
@@ -534,6 +668,28 @@ def _decode_cursor(text: str) -> tuple[str, str | bytes]:
     except Exception:
         raise OpError(P.BAD_ARGS, "files: 'after' is not a cursor this ragd gave") from None
     return source, relpath
+
+
+SESSION_OPS = {"buffer_set", "buffer_drop", "related"}
+RELATED_CHUNKS = 32  # chunks of the asked note that look for neighbours
+
+
+class _NoSession:
+    id = 0
+
+    def on_close(self, fn) -> None:  # an in-process call: nothing to release on hang-up
+        pass
+
+
+_NO_SESSION = _NoSession()
+
+
+def _under(path: str, root: Path) -> bool:
+    try:
+        Path(path).relative_to(root)
+        return True
+    except ValueError:
+        return False
 
 
 def _when(op: str, name: str, value) -> float | None:

@@ -27,7 +27,7 @@ log = logging.getLogger("ragd")
 # Config fields a reload applies at once. Sources are handled apart; everything else needs a
 # restart (RESTART), and a reload says so.
 LIVE = ("search_k", "search_candidates", "search_mode", "rrf_k", "min_similarity", "rerank",
-        "rerank_top", "rerank_budget_ms", "hub_url", "gc_grace_hours", "gc_interval_hours",
+        "rerank_top", "rerank_budget_ms", "hub_url", "max_buffers_per_client", "gc_grace_hours", "gc_interval_hours",
         "watch_quiet_ms", "scan_interval", "unwatched_scan_interval", "max_file_bytes",
         "chunk_tokens", "chunk_overlap", "log_level")
 RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
@@ -91,6 +91,7 @@ class Runtime:
                     cfg.unwatched_scan_interval)
                 self.watcher.start()
             self.indexer.start()
+            self.ops.buffers.start()
             log.info("ready in %.3fs; indexing %d source(s) in the background",
                      time.monotonic() - t0, len(cfg.sources))
             self._schedule_gc(first=60.0)
@@ -109,6 +110,7 @@ class Runtime:
             if self.watcher is not None:
                 self.watcher.stop()
             self.indexer.stop()
+            self.ops.buffers.stop()
             self.engines.stop()
             self.ops.reads.close()
             log.info("stopped")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import socket
@@ -47,6 +48,28 @@ class Stream:
     def __init__(self, items, last: Callable[[], Any]):
         self.items = items
         self.last = last
+
+
+class Session:
+    """One connection's state: what an op keeps for as long as its client is connected (an
+    editor's unsaved buffers), released when the connection ends, however it ends."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self):
+        self.id = next(Session._ids)
+        self._closers: list[Callable[[], None]] = []
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        if fn not in self._closers:
+            self._closers.append(fn)
+
+    def close(self) -> None:
+        for fn in self._closers:
+            try:
+                fn()
+            except Exception:
+                log.exception("releasing a connection's state")
 
 
 class AfterReply:
@@ -238,6 +261,7 @@ class Server:
     # -- one connection -------------------------------------------------------------------------
 
     def _serve(self, conn: socket.socket) -> None:
+        session = Session()
         try:
             uid = peer_uid(conn)
             if not peer_allowed(uid, self.own_uid):
@@ -251,14 +275,15 @@ class Server:
                 return
             conn.settimeout(SEND_TIMEOUT)  # bounds sendall; reads block in recv below
             if first == b"{":
-                self._serve_jsonl(conn)
+                self._serve_jsonl(conn, session)
             else:
-                self._serve_msgpack(conn)
+                self._serve_msgpack(conn, session)
         except (ConnectionError, TimeoutError, OSError):
             pass
         except Exception:
             log.exception("connection handler crashed")
         finally:
+            session.close()
             with self._lock:
                 self._conns.discard(conn)
                 last = not self._conns
@@ -277,7 +302,7 @@ class Server:
         conn.settimeout(SEND_TIMEOUT)
         return bytes(buf)
 
-    def _serve_msgpack(self, conn: socket.socket) -> None:
+    def _serve_msgpack(self, conn: socket.socket, session: Session) -> None:
         while True:
             header = self._recv_exact(conn, P.HEADER.size)
             if header is None:
@@ -292,9 +317,9 @@ class Server:
             payload = self._recv_exact(conn, length)
             if payload is None:
                 return
-            self._handle(conn, payload, P.MSGPACK)
+            self._handle(conn, payload, P.MSGPACK, session)
 
-    def _serve_jsonl(self, conn: socket.socket) -> None:
+    def _serve_jsonl(self, conn: socket.socket, session: Session) -> None:
         buf = bytearray()
         while True:
             nl = buf.find(b"\n")
@@ -313,9 +338,10 @@ class Server:
                 continue
             line, buf = bytes(buf[:nl]), buf[nl + 1:]
             if line.strip():
-                self._handle(conn, line, P.JSONL)
+                self._handle(conn, line, P.JSONL, session)
 
-    def _handle(self, conn: socket.socket, payload: bytes, encoding: str) -> None:
+    def _handle(self, conn: socket.socket, payload: bytes, encoding: str,
+                session: Session | None = None) -> None:
         try:
             msg = P.unpack_payload(payload, encoding)
         except (ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -340,7 +366,7 @@ class Server:
             self._send(conn, P.error_reply(req_id, P.BAD_ARGS, "'args' must be a map"), encoding)
             return
         try:
-            result = self.dispatch(op, args)
+            result = self.dispatch(op, args, session)
             then = None
             if isinstance(result, AfterReply):
                 result, then = result.result, result.then

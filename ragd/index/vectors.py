@@ -90,6 +90,41 @@ class VectorIndex:
                 gone += 1
         return gone
 
+    def get(self, ids) -> tuple[list[int], np.ndarray]:
+        """The vectors of these chunk ids that are here: (their ids, their rows)."""
+        with self._lock:
+            found = [cid for cid in ids if cid in self._row]
+            rows = np.array([self._row[cid] for cid in found], dtype=np.int64)
+            return found, self._m[rows].astype(np.float32) if len(rows) else \
+                np.empty((0, self.dims), np.float32)
+
+    def nearest_to_any(self, queries: np.ndarray, k: int, exclude_files=()
+                       ) -> list[tuple[int, int, float, int]]:
+        """The k rows closest to any of several vectors (the chunks of a note): (chunk id, file
+        id, cosine, index of the query vector it is closest to), best first. Computed in blocks
+        of rows, so memory stays bounded at any size."""
+        q = np.asarray(queries, dtype=self.dtype).reshape(-1, self.dims)
+        best_s, best_w, best_r = [], [], []
+        with self._lock:
+            n = self._n
+            for start in range(0, n, 65536):
+                block = (self._m[start:min(n, start + 65536)] @ q.T).astype(np.float32)
+                which = block.argmax(axis=1)
+                score = block[np.arange(len(block)), which]
+                if len(exclude_files):
+                    score[np.isin(self._files[start:start + len(block)], exclude_files)] = -2.0
+                keep = np.argpartition(-score, min(k, len(score)) - 1)[:k] if len(score) > k \
+                    else np.arange(len(score))
+                best_s.append(score[keep])
+                best_w.append(which[keep])
+                best_r.append(keep + start)
+            if not best_s:
+                return []
+            s, w, r = np.concatenate(best_s), np.concatenate(best_w), np.concatenate(best_r)
+            order = np.argsort(-s, kind="stable")[:k]
+            return [(int(self._ids[r[i]]), int(self._files[r[i]]), float(s[i]), int(w[i]))
+                    for i in order if s[i] > -2.0]
+
     def search(self, query: np.ndarray, k: int,
                files: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(chunk ids, cosines) of the k nearest rows, best first; with `files` (sorted file

@@ -25,6 +25,21 @@ class Loaded:
     mtime_ns: int
 
 
+def parse(src: Source, rel: str, text: str) -> Doc:
+    """Parse text as the file at rel would be parsed (an editor's unsaved buffer)."""
+    title = sources.printable(Path(rel).stem)
+    suffix = Path(rel).suffix.lower()
+    if suffix == ".pdf":
+        raise ValueError("a PDF has no text buffer")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if suffix in MARKDOWN:
+        return markdown.parse(text, title, obsidian=src.kind == "obsidian")
+    if suffix == ".rst":
+        return documents.parse_rst(text, title)
+    return documents.parse_text(text, title)
+
+
 def load(src: Source, rel: str, max_bytes: int) -> Loaded:
     """Read and parse one file. Raises sources.Unreadable (with the reason) when it cannot be
     indexed, or documents.NeedsTool when a helper program is missing."""

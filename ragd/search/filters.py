@@ -13,6 +13,7 @@ chunks gets a full list of candidates, not the few that survive a filter after r
 
 from __future__ import annotations
 
+import fnmatch
 import sqlite3
 from dataclasses import dataclass
 
@@ -26,11 +27,21 @@ class Filters:
     tag: str | None = None
     since: float | None = None
     before: float | None = None
+    exclude_files: tuple[int, ...] = ()  # files an unsaved buffer stands in for
 
     @property
     def active(self) -> bool:
-        return any(v is not None for v in (self.sources, self.path, self.tag, self.since,
-                                           self.before))
+        return bool(self.exclude_files) or any(
+            v is not None for v in (self.sources, self.path, self.tag, self.since, self.before))
+
+    def admits_buffer(self, source: str, rel: str) -> bool:
+        """Does an unsaved buffer (of this source and path) pass? Tags and dates are of the
+        file as indexed: a buffer passes them only when they are not asked for."""
+        if self.sources is not None and source not in self.sources:
+            return False
+        if self.path is not None and not fnmatch.fnmatchcase(rel, self.path):
+            return False
+        return self.tag is None and self.since is None and self.before is None
 
     def where(self, f: str = "f") -> tuple[str, list]:
         """A SQL condition on the files table aliased `f` (and its parameters)."""
@@ -52,6 +63,9 @@ class Filters:
         if self.before is not None:
             conds.append(f"{f}.mtime_ns < ?")
             params.append(int(self.before * 1e9))
+        if self.exclude_files:
+            conds.append(f"{f}.id NOT IN ({','.join('?' * len(self.exclude_files))})")
+            params += list(self.exclude_files)
         return (" AND ".join(conds) or "1"), params
 
     def file_ids(self, db: sqlite3.Connection) -> np.ndarray:

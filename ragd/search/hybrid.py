@@ -15,9 +15,12 @@ is returned and the reply says it was not reranked.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 from ragd.engines.client import EngineError, EngineUnavailable
@@ -55,9 +58,10 @@ def rrf(lists: dict[str, list[int]], k: int = 60,
 
 
 class Searcher:
-    def __init__(self, cfg, engines):
+    def __init__(self, cfg, engines, buffers=None):
         self.cfg = cfg
         self.engines = engines
+        self.buffers = buffers  # unsaved editor buffers (index/buffers.py), an overlay
 
     def threshold(self) -> float:
         if self.cfg.min_similarity >= 0:
@@ -71,6 +75,11 @@ class Searcher:
         """Rank chunks for the query. Returns (candidates best first, reply fields). For
         group "note" the reranker sees the best chunk of each of the top notes."""
         filters = filters or Filters()
+        bufs = self.buffers.active() if self.buffers is not None else []
+        if bufs:  # the buffers stand in for their files
+            filters = dataclasses.replace(filters, exclude_files=tuple(
+                b.file_id for b in bufs if b.file_id is not None))
+            bufs = [b for b in bufs if filters.admits_buffer(b.source, b.rel)]
         info: dict = {"mode": mode, "reranked": False}
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
@@ -79,17 +88,20 @@ class Searcher:
         if mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
             mode = info["mode"] = "bm25"  # dense search is off by configuration: not degraded
         if mode in ("hybrid", "vector"):
-            why_not = self._vector_ranking(db, query, n, filters, lists, parts, info)
+            why_not = self._vector_ranking(db, query, n, filters, lists, parts, info, bufs)
             if why_not is not None:
                 info["degraded"] = True
                 info["reason"] = why_not
                 info["requested_mode"] = mode
                 mode = info["mode"] = "bm25"
         if mode in ("hybrid", "bm25"):
-            hits = bm25.search(db, query, n, filters)
-            lists["bm25"] = [h.chunk_id for h in hits]
-            for h in hits:
-                parts.setdefault(h.chunk_id, {})["bm25"] = round(h.score, 6)
+            hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters)]
+            if bufs:
+                hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None),
+                              key=lambda h: -h[1])[:n]
+            lists["bm25"] = [cid for cid, _ in hits]
+            for cid, score in hits:
+                parts.setdefault(cid, {})["bm25"] = round(score, 6)
 
         if not self._anything_relevant(db, query, mode, filters, lists, info):
             return [], info
@@ -115,8 +127,8 @@ class Searcher:
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
         if rerank and ranked:
-            top = (notes.firsts(db, ranked, self.cfg.rerank_top) if group == "note"
-                   else ranked[:self.cfg.rerank_top])
+            top = (notes.firsts(db, ranked, self.cfg.rerank_top, self.buffers)
+                   if group == "note" else ranked[:self.cfg.rerank_top])
             self._rerank(db, query, ranked, top, info)
         return ranked, info
 
@@ -135,7 +147,8 @@ class Searcher:
                     return self._nothing(info)
                 info["below_threshold"] = True
             return True
-        keywords = bool(lists.get("bm25")) and bm25.content_match(db, query, filters)
+        keywords = bool(lists.get("bm25")) and (
+            bm25.content_match(db, query, filters) or any(c < 0 for c in lists["bm25"]))
         if weak_vectors:
             del lists["vector"]
             if not keywords:
@@ -157,7 +170,7 @@ class Searcher:
         return False
 
     def _vector_ranking(self, db, query, n, filters: Filters, lists, parts,
-                        info) -> str | None:
+                        info, bufs=()) -> str | None:
         """Fill lists['vector']; return why vectors cannot be used, or None."""
         engines = self.engines
         emb = engines.embedder
@@ -177,6 +190,12 @@ class Searcher:
         vi = emb.vectors
         files = filters.file_ids(db) if filters.active else None
         ids, cos = vi.search(qv, n, files)
+        if bufs:
+            pairs = sorted([*zip(ids.tolist(), cos.tolist()),
+                            *self.buffers.vector_hits(qv, bufs, None)],
+                           key=lambda p: -p[1])[:n]
+            ids = np.array([p[0] for p in pairs], dtype=np.int64)
+            cos = np.array([p[1] for p in pairs], dtype=np.float32)
         info["vector_space"] = vi.space
         total = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'"
                            ).fetchone()[0]

@@ -36,13 +36,14 @@ class Note:
         return self.chunks[0]
 
 
-def group(db: sqlite3.Connection, ranked: list, reranked: bool = False) -> list[Note]:
+def group(db: sqlite3.Connection, ranked: list, reranked: bool = False,
+          overlay=None) -> list[Note]:
     """Group ranked chunk Candidates by note; a note scores its best chunk's score, damped by
     its length. Reranked: the reranker's order stands (its scores are on another scale than
     the fused ones after them), notes in the order of their first chunk."""
     if not ranked:
         return []
-    ids = [c.chunk_id for c in ranked]
+    ids = [c.chunk_id for c in ranked if c.chunk_id > 0]
     info: dict[int, tuple[int, int]] = {}
     for i in range(0, len(ids), 900):
         part = ids[i:i + 900]
@@ -50,6 +51,9 @@ def group(db: sqlite3.Connection, ranked: list, reranked: bool = False) -> list[
                 f"SELECT c.id, c.file_id, f.chunks FROM chunks c JOIN files f ON f.id = "
                 f"c.file_id WHERE c.id IN ({','.join('?' * len(part))})", part):
             info[cid] = (fid, n)
+    for c in ranked:  # an unsaved buffer's chunks: its note has a negative id
+        if c.chunk_id < 0 and overlay is not None and (hit := overlay.chunk(c.chunk_id)):
+            info[c.chunk_id] = (hit[0].note_id, len(hit[0].chunks))
     notes: dict[int, Note] = {}
     for c in ranked:
         if c.chunk_id not in info:  # deleted meanwhile
@@ -65,11 +69,11 @@ def group(db: sqlite3.Connection, ranked: list, reranked: bool = False) -> list[
     return sorted(notes.values(), key=lambda n: -n.score)
 
 
-def firsts(db: sqlite3.Connection, ranked: list, m: int) -> list:
+def firsts(db: sqlite3.Connection, ranked: list, m: int, overlay=None) -> list:
     """The best chunk of each of the first m notes of a ranked chunk list."""
     seen: set[int] = set()
     out = []
-    files = _files_of(db, [c.chunk_id for c in ranked[:max(m * 20, 200)]])
+    files = _files_of(db, [c.chunk_id for c in ranked[:max(m * 20, 200)]], overlay)
     for c in ranked:
         fid = files.get(c.chunk_id)
         if fid is None or fid in seen:
@@ -81,8 +85,20 @@ def firsts(db: sqlite3.Connection, ranked: list, m: int) -> list:
     return out
 
 
-def _files_of(db: sqlite3.Connection, ids: list[int]) -> dict[int, int]:
+def bm25_stems(db: sqlite3.Connection, text: str) -> list[str]:
+    """The index tokenizer's stems of a text."""
+    bm25.doc_freq(db, '"x"')  # makes sure this connection has the stemming table
+    db.execute("DELETE FROM temp.stem_q")
+    db.execute("INSERT INTO temp.stem_q (x) VALUES (?)", (text,))
+    return [t for (t,) in db.execute("SELECT term FROM temp.stem_v")]
+
+
+def _files_of(db: sqlite3.Connection, ids: list[int], overlay=None) -> dict[int, int]:
     out: dict[int, int] = {}
+    for cid in ids:
+        if cid < 0 and overlay is not None and (hit := overlay.chunk(cid)):
+            out[cid] = hit[0].note_id
+    ids = [i for i in ids if i > 0]
     for i in range(0, len(ids), 900):
         part = ids[i:i + 900]
         out.update(db.execute(f"SELECT id, file_id FROM chunks WHERE id IN "
@@ -90,7 +106,8 @@ def _files_of(db: sqlite3.Connection, ids: list[int]) -> dict[int, int]:
     return out
 
 
-def confidence(db: sqlite3.Connection, query: str, notes: list[Note]) -> float | None:
+def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
+               overlay=None) -> float | None:
     """The IDF-weighted share of the query's content words found in one of the best notes
     (0..1); None when the query has no content word."""
     words = [w for w in bm25.content_terms(query) if not w.startswith('"')]
@@ -105,11 +122,18 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note]) -> float |
     best = 0.0
     for note in notes[:CONFIDENCE_NOTES]:
         have = 0.0
+        buffered = None
+        if note.file_id < 0 and overlay is not None:  # an unsaved buffer: its own words
+            hit = overlay.chunk(note.best.chunk_id)
+            buffered = set().union(*(c.stems for c in hit[0].chunks)) if hit else set()
         for w, weight in weights.items():
-            hit = db.execute("SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid IN "
-                             "(SELECT id FROM chunks WHERE file_id = ?) LIMIT 1",
-                             (f'"{w}"', note.file_id)).fetchone()
-            if hit:
+            if buffered is not None:
+                found = bool(set(bm25_stems(db, w)) & buffered)
+            else:
+                found = db.execute("SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid "
+                                   "IN (SELECT id FROM chunks WHERE file_id = ?) LIMIT 1",
+                                   (f'"{w}"', note.file_id)).fetchone() is not None
+            if found:
                 have += weight
         best = max(best, have / total)
     return round(best, 3)

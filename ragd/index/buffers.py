@@ -1,0 +1,397 @@
+"""Unsaved buffers: what an editor holds but has not saved, seen by search instead of the file.
+
+Like LSP's didOpen/didChange/didClose: a client sends a buffer's text (``buffer_set``), and
+while it holds it — until ``buffer_drop``, its disconnection, or the file on disk coming to equal
+it (saved) — search and related answer from the buffer instead of the file: its chunks are
+BM25-searchable at once and vector-searchable as soon as their new texts are embedded.
+
+Nothing of a buffer is written to the index: it lives here, in memory, as an overlay.
+- BM25: each buffer chunk is scored with FTS5's own bm25 formula (k1 1.2, b 0.75, the column
+  weights) against the index's statistics (rows, document frequencies, average length), so its
+  scores rank among the index's own; the indexed chunks of a buffered file are left out.
+- Vectors: a text already in the embedding cache (the file as indexed, or an earlier version)
+  costs nothing; new texts are embedded by the buffers thread (query engine first), and kept in
+  memory only.
+Buffer chunks have negative ids (-1, -2, ...), and their notes negative file ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ragd.engines.client import EngineError, EngineUnavailable
+from ragd.index import store
+from ragd.index.vectors import from_blob
+from ragd.ingest import chunker, loader, sources
+from ragd.ingest.chunker import embed_text
+from ragd.search import bm25
+from ragd.workers import Worker
+
+log = logging.getLogger("ragd.buffers")
+
+K1, B = 1.2, 0.75
+WEIGHTS = (bm25.HEADING_WEIGHT, bm25.KEYWORDS_WEIGHT, bm25.TEXT_WEIGHT)
+CACHE = 4096  # buffer-embedded vectors kept (by text hash), across buffers
+
+
+class BufferError(Exception):
+    """A buffer cannot be taken; code and message for the error reply."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class BufChunk:
+    id: int  # negative
+    record: store.ChunkRecord
+    tf: dict[str, float]  # stemmed term -> column-weighted frequency (bm25's aFreq)
+    length: int  # tokens over all columns (bm25's D)
+    stems: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Buffer:
+    session: int
+    source: str
+    rel: str
+    path: Path
+    text: str
+    version: int | None
+    hash: str
+    file_id: int | None  # the indexed file it stands for (left out of search), if any
+    note_id: int  # negative: the buffer's note in search results
+    title: str
+    chunks: list[BufChunk]
+    disk: tuple[int, int]  # the file's (size, mtime_ns) when last compared
+    set_at: float
+
+
+class BufferStore:
+    def __init__(self, cfg, engines, reads):
+        self.cfg = cfg
+        self.engines = engines
+        self.reads = reads
+        self._lock = threading.Condition()
+        self._by_key: dict[tuple[int, str], Buffer] = {}  # (session, abs path) -> buffer
+        self._ids = itertools.count(1)
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # embed_hash -> vector
+        self._todo: OrderedDict[str, str] = OrderedDict()  # embed_hash -> text to embed
+        self._stats: tuple[float, int, float] | None = None  # (when, rows, avgdl)
+        self._stop = threading.Event()
+        self.worker = Worker("buffers", self._run)
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        self.worker.stop(10)
+
+    # -- the ops ----------------------------------------------------------------------------------
+
+    def set(self, session: int, path: str, text: str, version: int | None) -> dict:
+        src, rel = self._locate(path)
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.cfg.max_file_bytes:
+            raise BufferError("bad_args", f"buffer_set: the text is {size} bytes, over the "
+                                          f"file size limit (index.max_file_bytes = "
+                                          f"{self.cfg.max_file_bytes})")
+        limit = self.cfg.max_buffers_per_client
+        with self._lock:
+            mine = [b for (s, _), b in self._by_key.items() if s == session]
+            held = (session, str(src.root / rel)) in self._by_key
+        if not held and len(mine) >= limit:
+            raise BufferError("unavailable", f"buffer_set: this client holds {len(mine)} "
+                                             f"buffers, the limit ([buffers] max_per_client = "
+                                             f"{limit}); drop one first")
+        try:
+            doc = loader.parse(src, rel, text)
+        except ValueError as e:
+            raise BufferError("bad_args", f"buffer_set: {e}") from None
+        records = _records(doc, self.cfg)
+        abspath = src.root / rel
+        with self.reads.conn() as db:
+            row = store.file_row(db, src.name, rel)
+            chunks = [self._bufchunk(db, r) for r in records]
+            cached = self._cached(db, {c.record.embed_hash for c in chunks})
+        text_hash = sources.content_hash(text.encode("utf-8", "surrogatepass"))
+        buf = Buffer(session, src.name, rel, abspath, text, version, text_hash,
+                     row["id"] if row is not None else None, -next(self._ids), doc.title,
+                     chunks, _stat(abspath), time.time())
+        if self._equals_disk(buf):
+            self.drop(session, str(abspath))
+            return {"path": sources.printable(str(abspath)), "source": src.name,
+                    "version": version, "chunks": len(chunks), "dropped": True,
+                    "reason": "the buffer equals the file on disk (saved)"}
+        new = {}
+        with self._lock:
+            self._by_key[(session, str(abspath))] = buf
+            for h, v in cached.items():
+                self._remember(h, v)
+            for c in chunks:
+                h = c.record.embed_hash
+                if h not in self._vectors and h not in cached:
+                    new[h] = self._model_prefix() + embed_text(c.record.heading, c.record.body)
+            self._todo.update(new)
+            self._lock.notify_all()
+        return {"path": sources.printable(str(abspath)), "source": src.name,
+                "version": version, "chunks": len(chunks), "to_embed": len(new)}
+
+    def drop(self, session: int, path: str) -> bool:
+        key = (session, str(Path(path)))
+        with self._lock:
+            return self._by_key.pop(key, None) is not None
+
+    def drop_session(self, session: int) -> None:
+        with self._lock:
+            for key in [k for k in self._by_key if k[0] == session]:
+                del self._by_key[key]
+
+    def count(self, session: int | None = None) -> int:
+        with self._lock:
+            return sum(1 for s, _ in self._by_key if session is None or s == session)
+
+    # -- for search ---------------------------------------------------------------------------------
+
+    def active(self) -> list[Buffer]:
+        """The buffers in force (the newest per path), after dropping those whose file on disk
+        now equals them (saved)."""
+        with self._lock:
+            bufs = list(self._by_key.values())
+        if not bufs:
+            return []
+        newest: dict[str, Buffer] = {}
+        for b in sorted(bufs, key=lambda b: b.set_at):
+            newest[str(b.path)] = b
+        out = []
+        for b in newest.values():
+            if self.cfg.source(b.source) is None:
+                continue
+            st = _stat(b.path)
+            if st != b.disk:
+                b.disk = st
+                if self._equals_disk(b):
+                    log.debug("%s was saved: its buffer is dropped", b.path)
+                    self.drop(b.session, str(b.path))
+                    continue
+            out.append(b)
+        return out
+
+    def chunk(self, cid: int) -> tuple[Buffer, BufChunk] | None:
+        with self._lock:
+            for b in self._by_key.values():
+                for c in b.chunks:
+                    if c.id == cid:
+                        return b, c
+        return None
+
+    def bm25_hits(self, db: sqlite3.Connection, query: str, bufs: list[Buffer],
+                  allowed: set[str] | None) -> list[tuple[int, float]]:
+        """(chunk id, score) of buffer chunks matching the query, with FTS5's bm25 over the
+        index's statistics (comparable with the index's own scores)."""
+        parts = bm25.query_parts(query)
+        if not parts or not bufs:
+            return []
+        parts = bm25.prune_common(db, parts)
+        rows, avgdl = self._corpus(db)
+        terms = []
+        for p in parts:
+            words = _stems(db, p.strip('"'))
+            if not words:
+                continue
+            df = bm25.doc_freq(db, p)
+            idf = math.log((rows - df + 0.5) / (df + 0.5)) if rows else 0.0
+            terms.append((words, max(idf, 1e-6)))
+        out = []
+        for b in bufs:
+            if allowed is not None and b.source not in allowed:
+                continue
+            for c in b.chunks:
+                score = 0.0
+                for words, idf in terms:
+                    f = min(c.tf.get(w, 0.0) for w in words)  # a phrase: its rarest word
+                    if f:
+                        score += idf * f * (K1 + 1) / (f + K1 * (1 - B + B * c.length / avgdl))
+                if score > 0:
+                    out.append((c.id, score))
+        return sorted(out, key=lambda x: -x[1])
+
+    def vector_hits(self, qv: np.ndarray, bufs: list[Buffer],
+                    allowed: set[str] | None) -> list[tuple[int, float]]:
+        out = []
+        with self._lock:
+            for b in bufs:
+                if allowed is not None and b.source not in allowed:
+                    continue
+                for c in b.chunks:
+                    v = self._vectors.get(c.record.embed_hash)
+                    if v is not None:
+                        out.append((c.id, float(np.dot(v, qv))))
+        return sorted(out, key=lambda x: -x[1])
+
+    def vectors_of(self, buf: Buffer) -> list[tuple[BufChunk, np.ndarray]]:
+        with self._lock:
+            return [(c, self._vectors[c.record.embed_hash]) for c in buf.chunks
+                    if c.record.embed_hash in self._vectors]
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._todo)
+
+    # -- inside -------------------------------------------------------------------------------------
+
+    def _locate(self, path: str):
+        p = Path(os.path.abspath(os.path.expanduser(path)))
+        for src in self.cfg.sources:
+            try:
+                rel = p.relative_to(src.root).as_posix()
+            except ValueError:
+                continue
+            if rel and rel != "." and sources.Rules(src).wanted(rel):
+                return src, rel
+        raise BufferError("not_found", f"{path} is not a file ragd indexes (in no source, or "
+                                       f"left out by its rules)")
+
+    def _bufchunk(self, db: sqlite3.Connection, r: store.ChunkRecord) -> BufChunk:
+        tf: dict[str, float] = {}
+        length = 0
+        stems: set[str] = set()
+        for text, w in zip((r.heading, r.keywords, r.body), WEIGHTS):
+            counts = _counts(db, text)
+            for t, n in counts.items():
+                tf[t] = tf.get(t, 0.0) + w * n
+                stems.add(t)
+            length += sum(counts.values())
+        return BufChunk(-next(self._ids), r, tf, length, stems)
+
+    def _corpus(self, db: sqlite3.Connection) -> tuple[int, float]:
+        """Rows of the index and their average length in tokens (refreshed each minute)."""
+        now = time.monotonic()
+        if self._stats is None or now - self._stats[0] > 60:
+            bm25._prepare(db)
+            db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunks_vc USING "
+                       "fts5vocab(main, chunks_fts, col)")
+            total = db.execute("SELECT COALESCE(SUM(cnt), 0) FROM temp.chunks_vc").fetchone()[0]
+            rows = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'"
+                              ).fetchone()[0]
+            self._stats = (now, rows, (total / rows) if rows else 1.0)
+        return self._stats[1], max(self._stats[2], 1.0)
+
+    def _cached(self, db: sqlite3.Connection, hashes: set[str]) -> dict[str, np.ndarray]:
+        emb = self.engines.embedder
+        if emb is None or emb.space is None or not hashes:
+            return {}
+        out = {}
+        hs = list(hashes)
+        for i in range(0, len(hs), 500):
+            part = hs[i:i + 500]
+            for h, blob in db.execute(f"SELECT text_hash, vector FROM embeddings WHERE space = ? "
+                                      f"AND text_hash IN ({','.join('?' * len(part))})",
+                                      [emb.space, *part]):
+                out[h] = from_blob(blob)
+        return out
+
+    def _model_prefix(self) -> str:
+        m = self.engines.embed_model
+        return m.doc_prefix if m is not None else ""
+
+    def _remember(self, h: str, v: np.ndarray) -> None:  # with self._lock held
+        self._vectors[h] = v
+        self._vectors.move_to_end(h)
+        while len(self._vectors) > CACHE:
+            self._vectors.popitem(last=False)
+
+    def _equals_disk(self, b: Buffer) -> bool:
+        try:
+            with open(b.path, "rb") as f:
+                data = f.read(self.cfg.max_file_bytes + 1)
+        except OSError:
+            return False
+        return sources.content_hash(data) == b.hash
+
+    def _run(self) -> None:
+        """Embed the buffers' new texts, a few at a time, with the query engine when it runs
+        (the main one may be busy with bulk work)."""
+        while not self._stop.is_set():
+            with self._lock:
+                while not self._todo and not self._stop.is_set():
+                    self._lock.wait()
+                if self._stop.is_set():
+                    return
+                batch = list(self._todo.items())[:8]
+            engines = self.engines
+            engine = next((e for e in (engines.query_engine, engines.embed_engine)
+                           if e is not None and e.ready), None)
+            if engine is None:
+                self._stop.wait(0.5)
+                continue
+            limit = (engines.embed_model.context if engines.embed_model else 512) - 4
+            try:
+                texts = []
+                for _, t in batch:
+                    toks = engine.client.tokenize(t)
+                    texts.append(t if len(toks) <= limit else
+                                 engine.client.detokenize(toks[:limit]))
+                vecs = engine.client.embed(texts)
+            except (EngineUnavailable, EngineError) as e:
+                log.debug("embedding buffer texts: %s", e)
+                self._stop.wait(0.5)
+                continue
+            with self._lock:
+                for (h, _), v in zip(batch, vecs):
+                    self._remember(h, v)
+                    self._todo.pop(h, None)
+                self._lock.notify_all()
+
+    def wait_embedded(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._todo:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+
+def _records(doc, cfg) -> list[store.ChunkRecord]:
+    pieces = chunker.chunk_doc(doc, cfg.chunk_tokens, cfg.chunk_overlap)
+    return [store.ChunkRecord(i, c.heading, c.line_start, c.line_end, c.text, c.text_hash,
+                              c.embed_hash, c.body, c.keywords) for i, c in enumerate(pieces)]
+
+
+def _counts(db: sqlite3.Connection, text: str) -> dict[str, int]:
+    """Stemmed token counts of a text, as the index's tokenizer makes them."""
+    if not text:
+        return {}
+    bm25._prepare(db)
+    db.execute("DELETE FROM temp.stem_q")
+    db.execute("INSERT INTO temp.stem_q (x) VALUES (?)", (text,))
+    return {t: n for t, n in db.execute("SELECT term, cnt FROM temp.stem_v")}
+
+
+def _stems(db: sqlite3.Connection, text: str) -> list[str]:
+    return list(_counts(db, text))
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return -1, 0
+    return st.st_size, st.st_mtime_ns

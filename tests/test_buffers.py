@@ -1,0 +1,115 @@
+"""Editors' unsaved buffers and related notes, over the real socket with the real daemon."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+
+from conftest import engine_config, small_vault, wait_embedded
+from ragd import protocol as P
+
+
+def words_in_index(tmp_path, word: str) -> int:
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    return db.execute("SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?",
+                      (word,)).fetchone()[0]
+
+
+def test_a_buffer_is_searched_instead_of_its_file_and_never_written(make_daemon, tmp_path):
+    root = tmp_path / "n"
+    root.mkdir()
+    note = root / "plans.md"
+    note.write_text("# Plans\n\nWe will visit the aquarium.\n")
+    (root / "other.md").write_text("# Other\n\nNothing to see.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n[buffers]\nmax_per_client = 2\n'
+                          '[index]\nmax_file_bytes = 100000\n')
+    with d:
+        d.wait_idle()
+        with d.client() as editor:
+            res = editor.call("buffer_set", path=str(note), version=3,
+                              text="# Plans\n\nWe will visit the planetarium.\n\nAnd a zeppelin.\n")
+            assert res["chunks"] == 1 and res["version"] == 3 and res["source"] == "n"
+            # any client's search sees it at once (BM25), as unsaved, instead of the file
+            hit = d.call("search", query="zeppelin")["results"]
+            assert [h["path"] for h in hit] == [str(note)] and hit[0]["unsaved"] is True
+            assert hit[0]["line_start"] == 3 and hit[0]["match_lines"] == [5]
+            assert d.call("search", query="aquarium")["results"] == []
+            assert words_in_index(tmp_path, "zeppelin") == 0  # nothing written
+            # bounds: too large, too many
+            big = "x" * 100001
+            with pytest.raises(P.DaemonError) as e:
+                editor.call("buffer_set", path=str(note), text=big)
+            assert e.value.code == "bad_args" and "file size limit" in e.value.message
+            editor.call("buffer_set", path=str(root / "other.md"), text="# Other\n\nmore.\n")
+            with pytest.raises(P.DaemonError) as e:
+                editor.call("buffer_set", path=str(root / "third.md"), text="# Third\n")
+            assert e.value.code == "unavailable" and "max_per_client = 2" in e.value.message
+            with pytest.raises(P.DaemonError) as e:
+                editor.call("buffer_set", path=str(tmp_path / "elsewhere.md"), text="x")
+            assert e.value.code == "not_found"
+            # dropped: the file's text again
+            assert editor.call("buffer_drop", path=str(root / "other.md")) == {"dropped": True}
+            assert d.call("search", query="zeppelin")["results"]
+        # the client hung up: its buffers are gone
+        deadline = time.monotonic() + 5
+        while d.call("search", query="zeppelin")["results"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert d.call("search", query="aquarium")["results"][0].get("unsaved") is None
+        # a buffer equal to the file is no buffer; a buffer saved to disk ends
+        with d.client() as editor:
+            same = editor.call("buffer_set", path=str(note), text=note.read_text())
+            assert same["dropped"] is True
+            editor.call("buffer_set", path=str(note), text="# Plans\n\nA trip to the bakery.\n")
+            assert d.call("search", query="bakery")["results"][0]["unsaved"] is True
+            note.write_text("# Plans\n\nA trip to the bakery.\n")  # the editor saved it
+            d.wait_idle()
+            hit = d.call("search", query="bakery")["results"]
+            assert hit and "unsaved" not in hit[0]
+
+
+def test_a_buffer_embeds_only_its_new_texts_and_related_notes(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "v")
+    note = root / "How To" / "Set up custom statuses.md"
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        st = wait_embedded(d)
+        with d.client() as editor:
+            assert editor.call("buffer_set", path=str(note),
+                               text=note.read_text() + "\n")["to_embed"] == 0
+            text = note.read_text() + ("\n## Gardening\n\nMy tomato seedlings need repotting "
+                                       "before the frost, and the basil wants sun.\n")
+            res = editor.call("buffer_set", path=str(note), text=text)
+            assert res["to_embed"] == 1
+            deadline = time.monotonic() + 30
+            while True:  # vector-searchable once its new chunk is embedded
+                hits = d.call("search", query="when to repot young tomato plants", mode="vector",
+                              k=3)["results"]
+                if hits and hits[0]["path"] == str(note) and hits[0].get("unsaved"):
+                    break
+                assert time.monotonic() < deadline, hits
+                time.sleep(0.1)
+            assert "tomato" in hits[0]["text"]
+            # embedding the buffer wrote nothing: the cache has no new entry
+            db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+            assert db.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0] == \
+                st["engines"]["embedding"]["embedded_texts"]
+        # related: note-level, never the note itself, with the chunks that link them
+        rel = d.call("related", path=str(note), k=5)
+        assert rel["results"] and all(r["path"] != str(note) for r in rel["results"])
+        assert len({r["path"] for r in rel["results"]}) == len(rel["results"])
+        top = rel["results"][0]
+        assert {"line_start", "line_end"} <= set(top["link"]["from"])
+        assert top["link"]["to"] == {"line_start": top["line_start"], "line_end": top["line_end"]}
+        assert "statuses" in (top["title"] + top["path"]).lower()
+        scores = [r["score"] for r in rel["results"]]
+        assert scores == sorted(scores, reverse=True)
+        by_text = d.call("related", text="Kanban boards with lanes and cards", k=3)
+        assert by_text["results"] and by_text["results"][0]["score"] > 0.3
+        with pytest.raises(P.DaemonError) as e:
+            d.call("related", k=3)
+        assert e.value.code == "bad_args"
