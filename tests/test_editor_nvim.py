@@ -293,3 +293,25 @@ def test_a_daemon_that_does_not_answer_times_out(nvim_name, tmp_path):
         srv.close()
     assert got["err"] == "ragd: search: no answer from ragd within 300 ms"
     assert 250 <= got["ms"] < 5000  # libuv timers count from the loop's cached time
+
+
+def test_choosing_a_result_keeps_a_modified_buffer(daemon, nvim_name, tmp_path):
+    """With 'nohidden' (Neovim 0.7's default) and unsaved changes in the current buffer, the
+    result opens in a split instead of failing with E37."""
+    nvim = require_nvim(nvim_name)
+    want = daemon.call("search", query=QUERY, k=20)["results"][0]
+    got = run_nvim(nvim, f"""
+        require('ragd').setup({{ socket = {lua_str(str(daemon.socket))}, picker = 'select' }})
+        vim.o.hidden = false
+        vim.api.nvim_buf_set_lines(0, 0, -1, false, {{ 'unsaved words' }})
+        local scratch = vim.api.nvim_get_current_buf()
+        vim.cmd('Ragd {QUERY}')
+        wait_for(function() return vim.api.nvim_buf_get_name(0) ~= '' end, 10000, 'the file')
+        result.file = vim.api.nvim_buf_get_name(0)
+        result.line = vim.api.nvim_win_get_cursor(0)[1]
+        result.windows = #vim.api.nvim_list_wins()
+        result.scratch = vim.api.nvim_buf_get_lines(scratch, 0, -1, false)
+    """, tmp_path / "nvim")
+    assert got["file"] == want["path"] and got["line"] == expected_line(want)
+    assert got["windows"] == 2 and got["scratch"] == ["unsaved words"]
+    assert got["notices"] == []

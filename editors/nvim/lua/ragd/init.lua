@@ -184,12 +184,14 @@ function M.open(it)
   if it.result == nil then it = items.from_result(it) end
   local path = it.path
   local buf = vim.fn.bufnr(path)
+  -- Leaving a modified buffer needs 'hidden' (off by default before Neovim 0.9): else split.
+  local split = vim.bo.modified and not vim.o.hidden and vim.bo.bufhidden == ''
   if buf ~= -1 and buf == vim.api.nvim_get_current_buf() then
     vim.cmd("normal! m'")
   elseif buf ~= -1 and vim.api.nvim_buf_is_loaded(buf) then
-    vim.cmd('buffer ' .. buf)
+    vim.cmd((split and 'sbuffer ' or 'buffer ') .. buf)
   else
-    vim.cmd('edit ' .. vim.fn.fnameescape(path))
+    vim.cmd((split and 'split ' or 'edit ') .. vim.fn.fnameescape(path))
   end
   local last = vim.api.nvim_buf_line_count(0)
   local line = math.max(1, math.min(it.line or 1, last))
