@@ -154,7 +154,11 @@ export default class RagdPlugin extends Plugin {
 		const path = file ? this.absolute(file) : null;
 		let reply: Reply | null = null;
 		let error: unknown = null;
-		if (path) {
+		if (path && this.client.state === "down") {
+			// No request: the client is retrying on its own, and a request here would make the
+			// next "down" refresh this pane again, in a loop.
+			error = this.client.lastError;
+		} else if (path) {
 			try {
 				await this.buffers.flush(path);
 				reply = await this.client.request<Reply>("related", { path, k: this.settings.resultsPerView });
