@@ -583,6 +583,9 @@ class Ops:
             p = os.path.abspath(os.path.expanduser(path))
             for b in self.buffers.active():
                 if str(b.path) == p:
+                    # what was typed counts: its new texts are embedded first (a few, by the
+                    # buffers thread; bounded wait)
+                    self.buffers.wait_embedded(RELATED_WAIT)
                     pairs = self.buffers.vectors_of(b)
                     own = {b.file_id} if b.file_id is not None else set()
                     return ([{"line_start": c.record.line_start, "line_end": c.record.line_end}
@@ -672,6 +675,7 @@ def _decode_cursor(text: str) -> tuple[str, str | bytes]:
 
 SESSION_OPS = {"buffer_set", "buffer_drop", "related"}
 RELATED_CHUNKS = 32  # chunks of the asked note that look for neighbours
+RELATED_WAIT = 10.0  # seconds related waits for an unsaved buffer's new texts to be embedded
 
 
 class _NoSession:

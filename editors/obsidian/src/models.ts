@@ -153,6 +153,7 @@ export function errorText(e: unknown, op: string): string {
 			case DISCONNECTED:
 			case IO: return errorMessage(e);
 			case "unknown_op": return `This version of ragd cannot do ${op} yet: update ragd.`;
+			case "unavailable": return `ragd cannot do ${op} right now: ${errorMessage(e)}`;
 		}
 	}
 	return `ragd: ${errorMessage(e)}`;
