@@ -41,7 +41,7 @@ from ragd import config
 from ragd.engines.models import ResolvedModel
 from ragd.engines.supervisor import Engine, EngineSettings
 from ragd.index import store
-from ragd.index.embedder import PROBE_TEXT, fingerprint
+from ragd.index.vectorstore import PROBE_TEXT, fingerprint
 from ragd.index.indexer import Indexer
 from ragd.index.vectors import to_blob
 from ragd.ingest.chunker import embed_text

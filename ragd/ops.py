@@ -29,6 +29,7 @@ from ragd.config import Config
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.index import gc, store
 from ragd.index.buffers import BufferError, BufferStore
+from ragd.index.vectorstore import VectorStore
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
@@ -138,7 +139,7 @@ class ReadPool:
 
 class Ops:
     def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None],
-                 reload: Callable[[], dict] | None = None):
+                 reload: Callable[[], dict] | None = None, vectors=None):
         self.cfg = cfg
         self.indexer = indexer
         self.engines = engines
@@ -148,8 +149,10 @@ class Ops:
         self.request_stop = request_stop
         self.reload = reload
         self.reads = ReadPool(cfg.db_path)
-        self.buffers = BufferStore(cfg, engines, self.reads)
-        self.searcher = Searcher(cfg, engines, self.buffers)
+        self.vectors = vectors if vectors is not None else VectorStore(cfg.data_dir)
+        self.embedder = None  # set by the runtime once the embedding engine is made
+        self.buffers = BufferStore(cfg, engines, self.reads, self.vectors)
+        self.searcher = Searcher(cfg, engines, self.vectors, self.buffers)
         self.started = time.time()
         self.stopping = threading.Event()
 
@@ -181,7 +184,7 @@ class Ops:
         now = time.time()
         with self.reads.conn() as db:
             counts = store.source_counts(db)
-            engines = self.engines.status(db)
+            engines = self._engines_status()
         hints = sorted(self.indexer.hints)
         per_source = []
         for s in self.cfg.sources:
@@ -232,10 +235,10 @@ class Ops:
             return max(0.0, deadline - time.monotonic())
 
         def embedder():
-            emb = self.engines.embedder
+            emb = self.embedder
             if vectors is False or emb is None:
                 return None
-            if vectors is None and (emb.vectors is None or not emb.engine.ready):
+            if vectors is None and (emb.space is None or not emb.engine.ready):
                 return None
             return emb
 
@@ -304,6 +307,7 @@ class Ops:
         filters = self.filters("search", sources, path, tag, since, before)
         with self.reads.conn() as db:
             ranked, info = self.searcher.run(db, query, k, mode, filters, rerank, group)
+            t = time.perf_counter()
             grouped = notes.group(db, ranked, info.get("reranked", False), self.buffers)
             conf = notes.confidence(db, query, grouped, self.buffers) if grouped else None
             if group == "note":
@@ -313,6 +317,7 @@ class Ops:
         for r in results:
             r.pop("chunk_id", None)
             r["match_lines"] = bm25.matching_lines(r["text"], r["line_start"], query)
+        info["timings"]["fetch_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if conf is not None:
             info["confidence"] = conf
             info["low_confidence"] = conf < notes.LOW_CONFIDENCE
@@ -546,8 +551,8 @@ class Ops:
             raise OpError(P.BAD_ARGS, "related: give either 'path' or 'text'")
         if not 1 <= k <= 100:
             raise OpError(P.BAD_ARGS, f"related: 'k' must be between 1 and 100, got {k}")
-        emb = self.engines.embedder
-        if emb is None or emb.vectors is None:
+        space = self.vectors.active
+        if space is None:
             raise OpError(P.UNAVAILABLE, "related: no vectors yet ("
                           + (self.engines.unavailable("embedding") or "the embedding engine is "
                              "starting") + ")")
@@ -558,7 +563,7 @@ class Ops:
                         "reason": "no vectors for this note yet"}
             exclude = np.array(sorted(own | {b.file_id for b in self.buffers.active()
                                             if b.file_id is not None}), dtype=np.int64)
-            hits = emb.vectors.nearest_to_any(vecs, k * 30, exclude)
+            hits = space.vectors.nearest_to_any(vecs, k * 30, exclude)
             best: dict[int, tuple[int, float, int]] = {}
             for cid, fid, score, which in hits:
                 if fid not in best:
@@ -599,7 +604,7 @@ class Ops:
                 raise OpError(P.NOT_FOUND, f"related: {path} is not indexed")
             chunks = db.execute("SELECT id, line_start, line_end FROM chunks WHERE file_id = ? "
                                 "ORDER BY ordinal", (row["id"],)).fetchall()
-            ids, vecs = self.engines.embedder.vectors.get([c[0] for c in chunks])
+            ids, vecs = self.vectors.active.vectors.get([c[0] for c in chunks])
             span = {c[0]: {"line_start": c[1], "line_end": c[2]} for c in chunks}
             return [span[i] for i in ids][:RELATED_CHUNKS], vecs[:RELATED_CHUNKS], \
                 {row["id"]}, printable(p)
@@ -608,8 +613,7 @@ class Ops:
         from ragd.ingest import chunker, markdown
         pieces = chunker.chunk_doc(markdown.parse(text, ""), self.cfg.chunk_tokens,
                                    self.cfg.chunk_overlap)[:RELATED_CHUNKS]
-        engine = next((e for e in (self.engines.query_engine, self.engines.embed_engine)
-                       if e is not None and e.ready), None)
+        engine = self.engines.query_engine_ready()
         if engine is None or not pieces:
             return [], np.empty((0, 1)), set(), None
         model = self.engines.embed_model
@@ -636,6 +640,22 @@ class Ops:
             if f < 0:
                 hit = next((b for b in self.buffers.active() if b.note_id == f), None)
                 out[f] = hit.title if hit else None
+        return out
+
+    def _engines_status(self) -> dict:
+        out = self.engines.status()
+        emb = self.embedder
+        if emb is not None and "embedding" in out:
+            space = emb.space
+            s = emb.stats
+            out["embedding"].update({
+                "embedder": emb.status, "space": emb.space_id,
+                "space_note": space.note if space is not None else None,
+                "vectors": len(space.vectors) if space is not None else 0,
+                "pending_texts": emb.pending(),
+                "embedded_texts": s.texts, "embedded_tokens": s.tokens,
+                "truncated": s.truncated, "failed": s.failed,
+            })
         return out
 
     def cmd_reload(self) -> dict:

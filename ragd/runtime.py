@@ -17,7 +17,9 @@ from ragd import __version__, config
 from ragd.engines.manager import Engines
 from ragd.events import EventBus
 from ragd.index import gc, store
+from ragd.index.embedder import Embedder
 from ragd.index.indexer import Indexer
+from ragd.index.vectorstore import VectorStore
 from ragd.ingest.watcher import Watcher
 from ragd.ops import Ops
 from ragd.server import Server
@@ -57,10 +59,13 @@ class Runtime:
         self.stop_event = threading.Event()
         self.reload_wanted = threading.Event()
         self._reload_lock = threading.Lock()
-        self.engines = Engines(cfg)
-        self.indexer = Indexer(cfg, cfg.db_path, listener=self.engines, events=EventBus())
+        self.vectors = VectorStore(cfg.data_dir, cfg.vector_dtype)
+        self.vectors.enabled = bool(cfg.embedding_model)
+        self.embedder: Embedder | None = None
+        self.engines = Engines(cfg, on_embedding=self._start_embedder)
+        self.indexer = Indexer(cfg, cfg.db_path, listener=self.vectors, events=EventBus())
         self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,
-                       reload=self.reload)
+                       reload=self.reload, vectors=self.vectors)
         self.server = Server(cfg.socket, self.ops.dispatch, cfg.max_connections)
         self.watcher: Watcher | None = None
 
@@ -111,6 +116,8 @@ class Runtime:
                 self.watcher.stop()
             self.indexer.stop()
             self.ops.buffers.stop()
+            if self.embedder is not None:
+                self.embedder.stop()  # writes its space's snapshot
             self.engines.stop()
             self.ops.reads.close()
             log.info("stopped")
@@ -119,6 +126,14 @@ class Runtime:
     def stop(self) -> None:
         self.stop_event.set()
         self.reload_wanted.set()
+
+    def _start_embedder(self, model, engine) -> None:
+        """The embedding engine was made (engines-setup thread): an embedder fills the vector
+        store through it."""
+        self.embedder = self.ops.embedder = Embedder(
+            self.cfg.db_path, engine, model, self.vectors,
+            batch_tokens=self.cfg.embed_batch_tokens)
+        self.embedder.start()
 
     # -- reloading --------------------------------------------------------------------------------
 

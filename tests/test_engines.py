@@ -269,8 +269,10 @@ def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_
     except BaseException:
         engine.stop()
         raise
-    emb = Embedder(cfg.db_path, engine, believed)
-    ix = Indexer(cfg, cfg.db_path, listener=emb)
+    from ragd.index.vectorstore import VectorStore
+    vectors = VectorStore(cfg.data_dir)
+    emb = Embedder(cfg.db_path, engine, believed, vectors)
+    ix = Indexer(cfg, cfg.db_path, listener=vectors)
     try:
         ix.start()
         ix.request_scan()
@@ -286,7 +288,7 @@ def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_
         assert attempts == 2 and "HTTP 500" in reason
         assert len(emb.vectors) == 1 and emb.pending(db) == 0
         # Given up: nothing is queued or scheduled for a retry, so it is never tried again.
-        assert emb.idle and emb._retry == [] and not emb._todo
+        assert emb.idle and emb.space.retry == [] and not emb.space.todo
         assert db.execute("SELECT attempts FROM embed_failures").fetchone()[0] == 2
     finally:
         ix.stop()

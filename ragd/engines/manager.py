@@ -1,4 +1,7 @@
-"""The daemon's models: resolve them, supervise their engines, run the embedder.
+"""The daemon's models and their engines: resolve the models, supervise one llama.cpp server
+per role (and a small second one for query embeddings). Nothing here knows of vectors: when
+the embedding engine is made, ``on_embedding`` is called (the runtime starts an embedder, which
+fills the vector store, index/vectorstore.py).
 
 Model resolution can take a while the first time (the default model is fetched from PyPI and
 converted), so it runs in a thread after the socket is up: search answers from BM25 meanwhile.
@@ -13,15 +16,15 @@ import threading
 from ragd.engines import models
 from ragd.engines.models import ModelError, ResolvedModel
 from ragd.engines.supervisor import Engine, EngineSettings
-from ragd.index.embedder import Embedder
 
 log = logging.getLogger("ragd.engines")
 
 
 class Engines:
-    def __init__(self, cfg):
+    def __init__(self, cfg, on_embedding=None):
         self.cfg = cfg
-        self.sync = threading.Lock()  # see Indexer.listener
+        self.on_embedding = on_embedding  # (model, engine): the embedding engine was made
+        self._lock = threading.Lock()
         self.embed_model: ResolvedModel | None = None
         self.rerank_model: ResolvedModel | None = None
         self.embed_engine: Engine | None = None
@@ -29,7 +32,6 @@ class Engines:
         # waits behind a bulk embedding batch ([embedding] query_engine).
         self.query_engine: Engine | None = None
         self.rerank_engine: Engine | None = None
-        self.embedder: Embedder | None = None
         self.errors: dict[str, str] = {}
         self.setting_up: dict[str, bool] = {}
         self._thread = threading.Thread(target=self._setup, name="engines-setup", daemon=True)
@@ -69,7 +71,7 @@ class Engines:
                 log.exception("%s model could not be prepared", role)
                 self.setting_up[role] = False
                 continue
-            with self.sync:
+            with self._lock:
                 if self._stopped.is_set():
                     return
                 engine = Engine(role, model, self.settings, run_dir, log_dir)
@@ -79,15 +81,12 @@ class Engines:
                         self.query_engine = Engine(
                             "query", model, dataclasses.replace(self.settings, threads=1),
                             run_dir, log_dir)
-                    self.embedder = Embedder(self.cfg.db_path, engine, model,
-                                             dtype=self.cfg.vector_dtype,
-                                             batch_tokens=self.cfg.embed_batch_tokens,
-                                             sync=self.sync)
                 else:
                     self.rerank_model, self.rerank_engine = model, engine
                 engine.start()
                 if role == "embedding":
-                    self.embedder.start()
+                    if self.on_embedding is not None:
+                        self.on_embedding(model, engine)
                     if self.query_engine is not None:
                         self.query_engine.start()
             self.setting_up[role] = False
@@ -104,35 +103,16 @@ class Engines:
             return f"the {role} engine is {engine.state}{why}"
         return None
 
-    # the indexer's listener interface
-    @property
-    def wants_changes(self) -> bool:
-        return "embedding" in self.configured
-
-    def embed_now(self, db, chunks: list):
-        """Vectors for an edit's new texts before its commit (see Embedder.embed_now)."""
-        emb = self.embedder
-        return emb.embed_now(db, chunks) if emb is not None else None
-
-    def put_vectors(self, db, space: int, rows: list) -> None:
-        if self.embedder is not None:
-            self.embedder.put_vectors(db, space, rows)
-
-    def chunks_changed(self, db, removed, added) -> None:
-        if self.embedder is not None:
-            self.embedder.chunks_changed(db, removed, added)
-
     def stop(self) -> None:
         self._stopped.set()
-        with self.sync:
+        with self._lock:
             pass
-        if self.embedder is not None:
-            self.embedder.stop()
         for engine in (self.embed_engine, self.query_engine, self.rerank_engine):
             if engine is not None:
                 engine.stop()
 
-    def status(self, db) -> dict:
+    def status(self) -> dict:
+        """Per configured role: its model and engine (state, pid, restarts, ...)."""
         out = {}
         for role, value in self.configured.items():
             engine = self.embed_engine if role == "embedding" else self.rerank_engine
@@ -144,19 +124,13 @@ class Engines:
             else:
                 row["state"] = "preparing model"
             out[role] = row
-        emb = self.embedder
-        if emb is not None:
-            vi = emb.vectors
-            s = emb.stats
-            out["embedding"].update({
-                "embedder": emb.status, "space": emb.space, "space_note": emb.space_note,
-                "vectors": len(vi) if vi is not None else 0,
-                "pending_texts": emb.pending(db),
-                "embedded_texts": s.texts, "embedded_tokens": s.tokens,
-                "truncated": s.truncated, "failed": s.failed,
-            })
-        if self.query_engine is not None:
+        if self.query_engine is not None and "embedding" in out:
             q = self.query_engine.status()
             out["embedding"]["query_engine"] = {k: q[k] for k in ("state", "pid", "restarts",
                                                                   "reason")}
         return out
+
+    def query_engine_ready(self) -> Engine | None:
+        """The engine to embed a query with: the query engine, else the main one, if up."""
+        return next((e for e in (self.query_engine, self.embed_engine)
+                     if e is not None and e.ready), None)

@@ -57,9 +57,10 @@ def rrf(lists: dict[str, list[int]], k: int = 60,
 
 
 class Searcher:
-    def __init__(self, cfg, engines, buffers=None):
+    def __init__(self, cfg, engines, vectors, buffers=None):
         self.cfg = cfg
         self.engines = engines
+        self.vectors = vectors  # the VectorStore (index/vectorstore.py)
         self.buffers = buffers  # unsaved editor buffers (index/buffers.py), an overlay
 
     def threshold(self) -> float:
@@ -74,12 +75,13 @@ class Searcher:
         """Rank chunks for the query. Returns (candidates best first, reply fields). For
         group "note" the reranker sees the best chunk of each of the top notes."""
         filters = filters or Filters()
+        timings: dict[str, float] = {}
         bufs = self.buffers.active() if self.buffers is not None else []
         if bufs:  # the buffers stand in for their files
             filters = dataclasses.replace(filters, exclude_files=tuple(
                 b.file_id for b in bufs if b.file_id is not None))
             bufs = [b for b in bufs if filters.admits_buffer(b.source, b.rel)]
-        info: dict = {"mode": mode, "reranked": False}
+        info: dict = {"mode": mode, "reranked": False, "timings": timings}
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
         parts: dict[int, dict] = {}
@@ -87,13 +89,17 @@ class Searcher:
         if mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
             mode = info["mode"] = "bm25"  # dense search is off by configuration: not degraded
         if mode in ("hybrid", "vector"):
+            t = time.perf_counter()
             why_not = self._vector_ranking(db, query, n, filters, lists, parts, info, bufs)
+            timings["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2) - \
+                timings.get("embed_ms", 0.0)
             if why_not is not None:
                 info["degraded"] = True
                 info["reason"] = why_not
                 info["requested_mode"] = mode
                 mode = info["mode"] = "bm25"
         if mode in ("hybrid", "bm25"):
+            t = time.perf_counter()
             hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters)]
             if bufs:
                 hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None),
@@ -101,6 +107,8 @@ class Searcher:
             lists["bm25"] = [cid for cid, _ in hits]
             for cid, score in hits:
                 parts.setdefault(cid, {})["bm25"] = round(score, 6)
+            timings["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        t = time.perf_counter()
 
         if not self._anything_relevant(db, query, mode, filters, lists, info):
             return [], info
@@ -123,6 +131,7 @@ class Searcher:
             key = "vector" if mode == "vector" else "bm25"
             ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists.get(key, [])]
 
+        timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
         if rerank and ranked:
@@ -172,21 +181,22 @@ class Searcher:
                         info, bufs=()) -> str | None:
         """Fill lists['vector']; return why vectors cannot be used, or None."""
         engines = self.engines
-        emb = engines.embedder
-        if emb is None or emb.vectors is None:
+        space = self.vectors.active
+        if space is None:
             return engines.unavailable("embedding") or "the embedding engine is starting"
-        model = engines.embed_model
+        model = space.model
         # The query engine, when it runs: the main one may be busy with a bulk batch (or
         # restarting: then the query engine still answers, and the other way round).
-        engine = next((e for e in (engines.query_engine, engines.embed_engine)
-                       if e is not None and e.ready), None)
+        engine = engines.query_engine_ready()
         if engine is None:
             return engines.unavailable("embedding") or "the embedding engine is starting"
+        t = time.perf_counter()
         try:
             qv = engine.client.embed([model.query_prefix + query], timeout=10.0)[0]
         except (EngineUnavailable, EngineError) as e:
             return f"the embedding engine is unavailable: {e}"
-        vi = emb.vectors
+        info["timings"]["embed_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        vi = space.vectors
         files = filters.file_ids(db) if filters.active else None
         ids, cos = vi.search(qv, n, files)
         if bufs:
