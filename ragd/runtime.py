@@ -43,6 +43,7 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "embedding_doc_prefix": "embedding.doc_prefix",
            "embed_batch_tokens": "embedding.batch_tokens",
            "vector_dtype": "embedding.vector_dtype", "query_engine": "embedding.query_engine",
+           "ann_threshold": "embedding.ann_threshold",
            "reranker_model": "reranker.model",
            "reranker_pooling": "reranker.pooling", "watch": "watch.enabled"}
 
@@ -59,7 +60,7 @@ class Runtime:
         self.stop_event = threading.Event()
         self.reload_wanted = threading.Event()
         self._reload_lock = threading.Lock()
-        self.vectors = VectorStore(cfg.data_dir, cfg.vector_dtype)
+        self.vectors = VectorStore(cfg.data_dir, cfg.vector_dtype, cfg.ann_threshold)
         self.vectors.enabled = bool(cfg.embedding_model)
         self.embedder: Embedder | None = None
         self.engines = Engines(cfg, on_embedding=self._start_embedder)

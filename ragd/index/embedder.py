@@ -189,6 +189,7 @@ class Embedder:
                     if work:
                         self.state = "embedding"
                         self._embed(db, work)
+                        self.store.snapshot_if_due(db)
                     self._resumed()
                 except EngineUnavailable as e:
                     log.info("embedding paused: %s", e)

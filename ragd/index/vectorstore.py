@@ -32,6 +32,7 @@ import numpy as np
 
 from ragd.engines.models import ResolvedModel, sha256_file
 from ragd.index import store
+from ragd.index.ann import AnnIndex
 from ragd.index.vectors import VectorIndex, from_blob, to_blob
 
 log = logging.getLogger("ragd.vectors")
@@ -76,6 +77,7 @@ class Space:
         self.inflight = 0  # hashes taken off the queue, not yet stored
         self.changed_at = 0.0  # monotonic time the matrix last changed (for snapshots)
         self.saved_at = 0.0
+        self.ann_ops: list | None = None  # while a graph is built: changes to replay on it
 
     # the queue ------------------------------------------------------------------------------------
 
@@ -147,9 +149,12 @@ class Space:
 
 
 class VectorStore:
-    def __init__(self, data_dir: Path, dtype: str = "float32"):
+    def __init__(self, data_dir: Path, dtype: str = "float32", ann_threshold: int = 0):
         self.dir = data_dir / "vectors"
         self.dtype = dtype
+        # A space with at least this many vectors is searched through an HNSW graph (ann.py);
+        # below it, exactly. 0: always exactly.
+        self.ann_threshold = ann_threshold
         # Orders matrix updates against the indexer's commits (the indexer's listener lock).
         self.sync = threading.Lock()
         self.active: Space | None = None
@@ -173,9 +178,8 @@ class VectorStore:
         drops the removed chunks, takes the cached vectors of the added ones, and queues the
         texts that have none."""
         for space in self.spaces():
-            space.vectors.remove(removed)
             if removed:
-                space.changed_at = time.monotonic()
+                self._remove(space, removed)
             if not added:
                 continue
             by_hash: dict[str, list[tuple[int, int]]] = {}
@@ -222,9 +226,56 @@ class VectorStore:
                 vecs.append(v)
                 files.append(fid)
         if ids:
-            space.vectors.add(ids, np.vstack(vecs), files)
-            space.changed_at = time.monotonic()
+            self._add(space, ids, np.vstack(vecs), files)
         return set(found)
+
+    def _add(self, space: Space, ids: list[int], vecs: np.ndarray, files: list[int]) -> None:
+        """Add rows to a space's vectors (caller holds self.sync)."""
+        space.vectors.add(ids, vecs, files)
+        space.changed_at = time.monotonic()
+        if space.ann_ops is not None:
+            space.ann_ops.append(("add", ids, vecs, files))
+        self._maybe_ann(space)
+
+    def _remove(self, space: Space, ids: list[int]) -> None:
+        space.vectors.remove(ids)
+        space.changed_at = time.monotonic()
+        if space.ann_ops is not None:
+            space.ann_ops.append(("remove", ids))
+
+    # -- exact or approximate -------------------------------------------------------------------------
+
+    def _maybe_ann(self, space: Space) -> None:
+        """A space grown past the threshold gets its graph, built in the background from the
+        matrix (which answers meanwhile); changes made during the build are replayed on it."""
+        if (not self.ann_threshold or space.ann_ops is not None
+                or isinstance(space.vectors, AnnIndex)
+                or len(space.vectors) < self.ann_threshold):
+            return
+        space.ann_ops = []
+        ids, files, mat = space.vectors.export()
+        threading.Thread(target=self._build_ann, args=(space, ids, files, mat),
+                         name="ann-build", daemon=True).start()
+
+    def _build_ann(self, space: Space, ids, files, mat) -> None:
+        t0 = time.monotonic()
+        try:
+            ann = AnnIndex.from_rows(space.vectors.dims, space.id, ids, files, mat, threads=1)
+        except Exception:
+            log.exception("space %d: building its graph failed; it stays exact", space.id)
+            with self.sync:
+                space.ann_ops = None
+            return
+        with self.sync:
+            for op in space.ann_ops or []:
+                if op[0] == "add":
+                    ann.add(op[1], op[2], op[3])
+                else:
+                    ann.remove(op[1])
+            space.vectors, space.ann_ops = ann, None
+            space.changed_at = time.monotonic()
+        log.info("space %d: %d vectors now searched through an HNSW graph (built in %.1fs)",
+                 space.id, len(ann), time.monotonic() - t0)
 
     def to_matrix(self, db: sqlite3.Connection, space: Space, by_hash: dict) -> None:
         """Put these texts' vectors (given, or None: read from the cache) into the space's
@@ -236,9 +287,8 @@ class VectorStore:
             by_hash.update(self.cached(db, space.id, missing))
             rows = [r for r in rows if by_hash.get(r[1]) is not None]
             if rows:
-                space.vectors.add([r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]),
-                                  [r[2] for r in rows])
-                space.changed_at = time.monotonic()
+                self._add(space, [r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]),
+                          [r[2] for r in rows])
 
     # -- opening a space ----------------------------------------------------------------------------
 
@@ -317,9 +367,15 @@ class VectorStore:
             ids, files, mat, hs = snap
             pos = np.minimum(np.searchsorted(cur_ids, ids), len(cur_ids) - 1)
             ok = (cur_ids[pos] == ids) & (cur_hashes[pos] == hs)
-            space.vectors.add(ids[ok].tolist(), mat[ok], cur_files[pos[ok]].tolist())
+            if isinstance(mat, AnnIndex):  # the graph itself: drop what no longer holds
+                space.vectors = mat
+                mat.remove(ids[~ok].tolist())
+                how = f"from the saved graph, {int((~ok).sum())} dropped"
+            else:
+                space.vectors.add(ids[ok].tolist(), mat[ok], cur_files[pos[ok]].tolist())
+                how = "from the snapshot"
             need[pos[ok]] = False
-            how = f"from the snapshot, {int(need.sum())} read from the cache"
+            how += f", {int(need.sum())} read from the cache"
         todo: OrderedDict[str, None] = OrderedDict()
         idx = np.flatnonzero(need)
         for i in range(0, len(idx), 20000):
@@ -328,9 +384,9 @@ class VectorStore:
             cached = self.cached(db, space.id, set(hashes))
             have = [k for k, h in zip(part, hashes) if h in cached]
             if have:
-                space.vectors.add(cur_ids[have].tolist(),
-                                  np.vstack([cached[cur_hashes[k]] for k in have]),
-                                  cur_files[have].tolist())
+                self._add(space, cur_ids[have].tolist(),
+                          np.vstack([cached[cur_hashes[k]] for k in have]),
+                          cur_files[have].tolist())
             for h in hashes:
                 if h not in cached and h not in skip:
                     todo[h] = None
@@ -342,14 +398,20 @@ class VectorStore:
 
     def _paths(self, space: Space) -> dict[str, Path]:
         base = self.dir / f"space-{space.id}"
-        return {k: base.with_name(f"{base.name}.{k}.npy") for k in ("ids", "files", "vectors",
-                                                                      "hashes")}
+        out = {k: base.with_name(f"{base.name}.{k}.npy") for k in ("ids", "files", "vectors",
+                                                                     "hashes")}
+        out["graph"] = base.with_name(f"{base.name}.graph.usearch")
+        return out
 
     def snapshot(self, db: sqlite3.Connection, space: Space) -> None:
         """Write the space's matrix to disk (atomically), with each row's text hash."""
         vi = space.vectors
+        graph = isinstance(vi, AnnIndex)
         with self.sync:
-            ids, files, mat = vi.export()
+            if graph:  # the graph is saved as it is; no vectors file
+                ids, files, mat = vi.export_keys()
+            else:
+                ids, files, mat = vi.export()
         if not len(ids):
             return
         hs = {}
@@ -360,8 +422,14 @@ class VectorStore:
         keep = np.array([int(i) in hs for i in ids], dtype=bool)
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         paths = self._paths(space)
-        arrays = {"ids": ids[keep], "files": files[keep], "vectors": mat[keep],
+        arrays = {"ids": ids[keep], "files": files[keep],
                   "hashes": np.array([hs[int(i)] for i in ids[keep]], dtype="U32")}
+        if graph:
+            vi.save(paths["graph"])
+            paths["vectors"].unlink(missing_ok=True)
+        else:
+            arrays["vectors"] = mat[keep]
+            paths["graph"].unlink(missing_ok=True)
         for key, arr in arrays.items():
             tmp = paths[key].with_suffix(".tmp.npy")
             np.save(tmp, arr)
@@ -371,9 +439,21 @@ class VectorStore:
 
     def _read_snapshot(self, space: Space):
         paths = self._paths(space)
+        if paths["graph"].exists():
+            try:
+                ids, files, hs = (np.load(paths[k]) for k in ("ids", "files", "hashes"))
+                graph = AnnIndex.load(paths["graph"], space.vectors.dims, space.id, ids, files)
+            except (OSError, ValueError, RuntimeError) as e:
+                log.warning("space %d: its saved graph cannot be read (%s); rebuilding",
+                            space.id, e)
+                return None
+            if not (len(ids) == len(files) == len(hs)):
+                log.warning("space %d: its saved graph is inconsistent; rebuilding", space.id)
+                return None
+            return ids, files, graph, hs
         try:
             arrays = {k: np.load(p, mmap_mode="r" if k == "vectors" else None)
-                      for k, p in paths.items()}
+                      for k, p in paths.items() if k != "graph"}
         except (OSError, ValueError):
             return None
         n = len(arrays["ids"])
