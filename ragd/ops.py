@@ -139,7 +139,7 @@ class ReadPool:
 
 class Ops:
     def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None],
-                 reload: Callable[[], dict] | None = None, vectors=None):
+                 reload: Callable[[], dict] | None = None, vectors=None, embedding=None):
         self.cfg = cfg
         self.indexer = indexer
         self.engines = engines
@@ -150,7 +150,7 @@ class Ops:
         self.reload = reload
         self.reads = ReadPool(cfg.db_path)
         self.vectors = vectors if vectors is not None else VectorStore(cfg.data_dir)
-        self.embedder = None  # set by the runtime once the embedding engine is made
+        self.embedding = embedding  # index/switch.py: the embedder(s), a model switch
         self.buffers = BufferStore(cfg, engines, self.reads, self.vectors)
         self.searcher = Searcher(cfg, engines, self.vectors, self.buffers)
         self.started = time.time()
@@ -613,10 +613,11 @@ class Ops:
         from ragd.ingest import chunker, markdown
         pieces = chunker.chunk_doc(markdown.parse(text, ""), self.cfg.chunk_tokens,
                                    self.cfg.chunk_overlap)[:RELATED_CHUNKS]
-        engine = self.engines.query_engine_ready()
+        active = self.vectors.active
+        engine = self.engines.query_engine_ready(active.model if active else None)
         if engine is None or not pieces:
             return [], np.empty((0, 1)), set(), None
-        model = self.engines.embed_model
+        model = engine.model
         try:
             vecs = engine.client.embed([model.doc_prefix + chunker.embed_text(c.heading,
                                                                              c.body)[:4000]
@@ -642,6 +643,11 @@ class Ops:
                 out[f] = hit.title if hit else None
         return out
 
+    @property
+    def embedder(self):
+        """The embedder of the space in use (None until the embedding model is ready)."""
+        return self.embedding.active if self.embedding is not None else None
+
     def _engines_status(self) -> dict:
         out = self.engines.status()
         emb = self.embedder
@@ -656,7 +662,15 @@ class Ops:
                 "embedded_texts": s.texts, "embedded_tokens": s.tokens,
                 "truncated": s.truncated, "failed": s.failed,
             })
+            chunks = sum(c.get("chunks", 0) for c in self._counts().values())
+            switch = self.embedding.status(chunks)
+            if switch is not None:
+                out["embedding"]["switch"] = switch
         return out
+
+    def _counts(self) -> dict:
+        with self.reads.conn() as db:
+            return store.source_counts(db)
 
     def cmd_reload(self) -> dict:
         """Read the config file again and apply it: sources added, removed or changed take

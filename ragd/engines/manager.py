@@ -23,7 +23,7 @@ log = logging.getLogger("ragd.engines")
 class Engines:
     def __init__(self, cfg, on_embedding=None):
         self.cfg = cfg
-        self.on_embedding = on_embedding  # (model, engine): the embedding engine was made
+        self.on_embedding = on_embedding  # (model): the configured embedding model is ready
         self._lock = threading.Lock()
         self.embed_model: ResolvedModel | None = None
         self.rerank_model: ResolvedModel | None = None
@@ -31,6 +31,9 @@ class Engines:
         # A second, small engine for query embeddings (same model, one thread): a search never
         # waits behind a bulk embedding batch ([embedding] query_engine).
         self.query_engine: Engine | None = None
+        # During a model switch: the new model's engine, filling its space beside the old.
+        self.next_model: ResolvedModel | None = None
+        self.next_engine: Engine | None = None
         self.rerank_engine: Engine | None = None
         self.errors: dict[str, str] = {}
         self.setting_up: dict[str, bool] = {}
@@ -71,25 +74,78 @@ class Engines:
                 log.exception("%s model could not be prepared", role)
                 self.setting_up[role] = False
                 continue
-            with self._lock:
-                if self._stopped.is_set():
-                    return
-                engine = Engine(role, model, self.settings, run_dir, log_dir)
-                if role == "embedding":
-                    self.embed_model, self.embed_engine = model, engine
-                    if self.cfg.query_engine:
-                        self.query_engine = Engine(
-                            "query", model, dataclasses.replace(self.settings, threads=1),
-                            run_dir, log_dir)
-                else:
-                    self.rerank_model, self.rerank_engine = model, engine
-                engine.start()
-                if role == "embedding":
-                    if self.on_embedding is not None:
-                        self.on_embedding(model, engine)
-                    if self.query_engine is not None:
-                        self.query_engine.start()
+            if role == "embedding" and self.on_embedding is not None:
+                # the runtime decides what to run: this model, or (a switch under way) the
+                # model in use while this one's vectors are built beside it
+                self.on_embedding(model)
+            elif role == "embedding":
+                self.serve_embedding(model)
+            else:
+                with self._lock:
+                    if self._stopped.is_set():
+                        return
+                    self.rerank_model = model
+                    self.rerank_engine = Engine(role, model, self.settings, run_dir, log_dir)
+                    self.rerank_engine.start()
             self.setting_up[role] = False
+
+    def resolve_embedding(self, value: str, pooling: str | None, query_prefix: str | None,
+                          doc_prefix: str | None) -> ResolvedModel:
+        return models.resolve(value, "embedding", self.cfg.data_dir, pooling=pooling or None,
+                              query_prefix=query_prefix, doc_prefix=doc_prefix)
+
+    def _dirs(self):
+        return self.cfg.socket.parent, self.cfg.data_dir / "engines"
+
+    def serve_embedding(self, model: ResolvedModel) -> Engine:
+        """Start the engines that serve this model: the main one (bulk embedding) and the
+        query engine. Returns the main one."""
+        run_dir, log_dir = self._dirs()
+        with self._lock:
+            self.embed_model = model
+            self.embed_engine = Engine("embedding", model, self.settings, run_dir, log_dir)
+            if self.cfg.query_engine:
+                self.query_engine = Engine("query", model, dataclasses.replace(
+                    self.settings, threads=1), run_dir, log_dir)
+            if self._stopped.is_set():
+                return self.embed_engine
+            self.embed_engine.start()
+            if self.query_engine is not None:
+                self.query_engine.start()
+        return self.embed_engine
+
+    def serve_next(self, model: ResolvedModel) -> Engine:
+        """A model switch: an engine for the new model, beside the one in use."""
+        run_dir, log_dir = self._dirs()
+        with self._lock:
+            self.next_model = model
+            self.next_engine = Engine("embedding-next", model, self.settings, run_dir, log_dir)
+            if not self._stopped.is_set():
+                self.next_engine.start()
+        return self.next_engine
+
+    def promote_next(self) -> None:
+        """The switch is done: the new model's engine serves; the old one and its query
+        engine stop, and a query engine for the new model starts."""
+        run_dir, log_dir = self._dirs()
+        with self._lock:
+            old = [e for e in (self.embed_engine, self.query_engine) if e is not None]
+            self.embed_model, self.embed_engine = self.next_model, self.next_engine
+            self.next_model = self.next_engine = None
+            self.query_engine = None
+            if self.cfg.query_engine and not self._stopped.is_set():
+                self.query_engine = Engine("query", self.embed_model, dataclasses.replace(
+                    self.settings, threads=1), run_dir, log_dir)
+                self.query_engine.start()
+        for e in old:
+            e.stop()
+
+    def drop_next(self) -> None:
+        """The switch is cancelled: the new model's engine stops."""
+        with self._lock:
+            engine, self.next_engine, self.next_model = self.next_engine, None, None
+        if engine is not None:
+            engine.stop()
 
     def unavailable(self, role: str) -> str | None:
         """Why the role cannot serve right now (None when it can, or is simply starting)."""
@@ -107,7 +163,8 @@ class Engines:
         self._stopped.set()
         with self._lock:
             pass
-        for engine in (self.embed_engine, self.query_engine, self.rerank_engine):
+        for engine in (self.embed_engine, self.query_engine, self.next_engine,
+                       self.rerank_engine):
             if engine is not None:
                 engine.stop()
 
@@ -130,7 +187,12 @@ class Engines:
                                                                   "reason")}
         return out
 
-    def query_engine_ready(self) -> Engine | None:
-        """The engine to embed a query with: the query engine, else the main one, if up."""
-        return next((e for e in (self.query_engine, self.embed_engine)
-                     if e is not None and e.ready), None)
+    def query_engine_ready(self, model: ResolvedModel | None = None) -> Engine | None:
+        """The engine to embed a query with: the query engine, else the main one, if up —
+        of this model (during a model switch two models run: a query must be embedded by the
+        model of the space it searches)."""
+        for e in (self.query_engine, self.embed_engine, self.next_engine):
+            if e is not None and e.ready and (model is None or e.model.path == model.path
+                                              and e.model.pooling == model.pooling):
+                return e
+        return None

@@ -327,7 +327,8 @@ class BufferStore:
                     return
                 batch = list(self._todo.items())[:8]
             engines = self.engines
-            engine = engines.query_engine_ready()
+            active = self.vectors.active
+            engine = engines.query_engine_ready(active.model if active else None)
             if engine is None:
                 self._stop.wait(0.5)
                 continue

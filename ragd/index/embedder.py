@@ -62,13 +62,16 @@ class Embedder:
     embeds them and stores them. Sleeps when the queue is empty."""
 
     def __init__(self, db_path, engine: Engine, model: ResolvedModel, store_: VectorStore, *,
-                 batch_tokens: int = 1024, activate: bool = True):
+                 batch_tokens: int = 1024, activate: bool = True, on_complete=None,
+                 record: str | None = None):
         self.db_path = db_path
         self.engine = engine
         self.model = model
         self.store = store_
         self.batch_tokens = batch_tokens
         self.activate = activate  # its space becomes the active one (else: a switch builds it)
+        self.on_complete = on_complete  # a space being built covers every chunk: (embedder)
+        self.record = record  # the model as recorded in the index when its space is active
         self.space: Space | None = None
         self.stats = EmbedStats()
         self.state = "waiting for engine"
@@ -180,11 +183,14 @@ class Embedder:
                         self.state = "loading vectors"
                         probe = self.engine.client.embed([PROBE_TEXT])[0]
                         self.space = self.store.open(db, self.model, probe, self._stop,
-                                                     self.activate)
+                                                     self.activate, self.record)
                         if self.activate:
                             self.store.embed_now_hook = self.embed_now
                             self.store.stored_hook = self._count
                     self.state = "idle" if self.space.idle() else "embedding"
+                    if not self.activate and self.on_complete is not None and \
+                            self.space.idle():
+                        self.on_complete(self)  # every chunk has its vector: switch to it
                     work = self.space.take(WORK_BATCH, self._stop)
                     if work:
                         self.state = "embedding"

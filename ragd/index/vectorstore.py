@@ -293,7 +293,8 @@ class VectorStore:
     # -- opening a space ----------------------------------------------------------------------------
 
     def open(self, db: sqlite3.Connection, model: ResolvedModel, probe: np.ndarray,
-             stop: threading.Event | None = None, activate: bool = True) -> Space:
+             stop: threading.Event | None = None, activate: bool = True,
+             record: str | None = None) -> Space:
         """Find (by fingerprint and probe) or make the space of this model, load its matrix
         (from its snapshot when it still agrees with the chunks) and queue what lacks a
         vector. activate: it becomes the active space (the one search reads)."""
@@ -322,6 +323,9 @@ class VectorStore:
             if activate:
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('active_space', ?)",
                            (str(chosen),))
+                if record is not None:  # the model in use, so a restart mid-switch resumes
+                    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES "
+                               "('active_model', ?)", (record,))
         t0 = time.monotonic()
         space = Space(chosen, model, VectorIndex(len(probe), self.dtype, chosen))
         if activate and previous is not None and int(previous[0]) != chosen:
