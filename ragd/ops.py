@@ -113,12 +113,17 @@ class ReadPool:
         self._lock = threading.Lock()
 
     @contextmanager
-    def conn(self):
+    def conn(self, snapshot: bool = False):
+        """snapshot: every statement of the request reads one state of the index (a read
+        transaction), so a commit between two of its queries (a chunk replaced between the
+        ranking and the fetch of its text) is never half seen."""
         with self._lock:
             db = self._free.pop() if self._free else None
         if db is None:
             db = store.connect(self.path)
         try:
+            if snapshot:
+                db.execute("BEGIN")
             yield db
         finally:
             if db.in_transaction:  # a read interrupted mid-way
@@ -305,7 +310,7 @@ class Ops:
             raise OpError(P.BAD_ARGS, f"search: mode must be one of {', '.join(MODES)}, "
                           f"got {mode!r}")
         filters = self.filters("search", sources, path, tag, since, before)
-        with self.reads.conn() as db:
+        with self.reads.conn(snapshot=True) as db:
             ranked, info = self.searcher.run(db, query, k, mode, filters, rerank, group)
             t = time.perf_counter()
             grouped = notes.group(db, ranked, info.get("reranked", False), self.buffers)
@@ -556,7 +561,7 @@ class Ops:
             raise OpError(P.UNAVAILABLE, "related: no vectors yet ("
                           + (self.engines.unavailable("embedding") or "the embedding engine is "
                              "starting") + ")")
-        with self.reads.conn() as db:
+        with self.reads.conn(snapshot=True) as db:
             spans, vecs, own, note_path = self._related_source(db, path, text)
             if not len(vecs):
                 return {"results": [], "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
