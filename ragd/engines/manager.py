@@ -29,6 +29,9 @@ class Engines:
         # waits behind a bulk embedding batch ([embedding] query_engine).
         self.query_engine: Engine | None = None
         self.rerank_engine: Engine | None = None
+        # A chat model for `ask` (ragd/search/ask.py), off unless [generator] model is set.
+        self.gen_model: ResolvedModel | None = None
+        self.gen_engine: Engine | None = None
         self.embedder: Embedder | None = None
         self.errors: dict[str, str] = {}
         self.setting_up: dict[str, bool] = {}
@@ -41,7 +44,12 @@ class Engines:
     @property
     def configured(self) -> dict[str, str]:
         return {role: m for role, m in (("embedding", self.cfg.embedding_model),
-                                        ("reranker", self.cfg.reranker_model)) if m}
+                                        ("reranker", self.cfg.reranker_model),
+                                        ("generator", self.cfg.generator_model)) if m}
+
+    def engine(self, role: str) -> Engine | None:
+        return {"embedding": self.embed_engine, "reranker": self.rerank_engine,
+                "generator": self.gen_engine}.get(role)
 
     def start(self) -> None:
         for role in self.configured:
@@ -69,6 +77,9 @@ class Engines:
                 log.exception("%s model could not be prepared", role)
                 self.setting_up[role] = False
                 continue
+            if role == "generator":  # the context asked for, within what the model was trained on
+                model = dataclasses.replace(model, context=min(self.cfg.generator_context,
+                                                               model.context))
             with self.sync:
                 if self._stopped.is_set():
                     return
@@ -83,6 +94,8 @@ class Engines:
                                              dtype=self.cfg.vector_dtype,
                                              batch_tokens=self.cfg.embed_batch_tokens,
                                              sync=self.sync)
+                elif role == "generator":
+                    self.gen_model, self.gen_engine = model, engine
                 else:
                     self.rerank_model, self.rerank_engine = model, engine
                 engine.start()
@@ -98,7 +111,7 @@ class Engines:
             return f"the {role} model is unavailable: {self.errors[role]}"
         if self.setting_up.get(role):
             return f"the {role} model is being prepared"
-        engine = self.embed_engine if role == "embedding" else self.rerank_engine
+        engine = self.engine(role)
         if engine is not None and not engine.ready:
             why = f": {engine.reason.splitlines()[0]}" if engine.reason else ""
             return f"the {role} engine is {engine.state}{why}"
@@ -128,17 +141,19 @@ class Engines:
             pass
         if self.embedder is not None:
             self.embedder.stop()
-        for engine in (self.embed_engine, self.query_engine, self.rerank_engine):
+        for engine in (self.embed_engine, self.query_engine, self.rerank_engine, self.gen_engine):
             if engine is not None:
                 engine.stop()
 
     def status(self, db) -> dict:
         out = {}
         for role, value in self.configured.items():
-            engine = self.embed_engine if role == "embedding" else self.rerank_engine
+            engine = self.engine(role)
             row = {"model": value}
             if engine is not None:
                 row.update(engine.status())
+                if role == "generator":
+                    row["context"] = engine.model.context
             elif role in self.errors:
                 row.update({"state": "failed", "reason": self.errors[role]})
             else:
