@@ -42,7 +42,8 @@ EXAMPLE = [{"role": "user", "content": "Notes:\n\n[1] Cats\nOur cat sleeps about
 # and the generation prompt (ChatML: ~5 per message), with room to spare.
 TEMPLATE_SLACK = 32
 MIN_NOTE_TOKENS = 48  # a note cut shorter than this is left out instead
-READ_TIMEOUT = 300.0  # seconds the engine may go without sending anything (a long prompt)
+READ_TIMEOUT = 600.0  # seconds the engine may go without sending anything (a long prompt, or
+# another ask ahead of this one in its single slot)
 MIN_PROMPT_ROOM = 256  # max_tokens may take the context up to this
 
 _CITE = re.compile(r"\[(\d{1,3}(?:\s*[,;]\s*\d{1,3})*)\]")
