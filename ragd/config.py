@@ -265,7 +265,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("buffers", "max_per_client", 1),
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
                             ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
-                            ("generator", "context", 256), ("generator", "max_tokens", 1),
+                            ("generator", "context", 512), ("generator", "max_tokens", 1),
                             ("generator", "notes", 1), ("generator", "temperature", 0),
                             ("gc", "grace_hours", 0), ("gc", "interval_hours", 0.01),
                             ("watch", "scan_interval", 1),

@@ -153,7 +153,8 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
     if why is not None:
         raise OpError(P.UNAVAILABLE, f"ask: {why}")
     context = engine.model.context
-    max_tokens = cfg.generator_max_tokens if max_tokens is None else max_tokens
+    if max_tokens is None:  # the configured length, within a context smaller than configured
+        max_tokens = min(cfg.generator_max_tokens, context - MIN_PROMPT_ROOM)
     if not 1 <= max_tokens <= context - MIN_PROMPT_ROOM:
         raise OpError(P.BAD_ARGS, f"ask: 'max_tokens' must be between 1 and "
                       f"{context - MIN_PROMPT_ROOM} (the generator's context is {context})")
