@@ -41,7 +41,9 @@ from ragd import config
 from ragd.engines.models import ResolvedModel
 from ragd.engines.supervisor import Engine, EngineSettings
 from ragd.index import store
-from ragd.index.embedder import PROBE_TEXT, fingerprint
+from ragd.index.ann import AnnIndex
+from ragd.index.vectors import VectorIndex
+from ragd.index.vectorstore import PROBE_TEXT, Space, VectorStore, fingerprint
 from ragd.index.indexer import Indexer
 from ragd.index.vectors import to_blob
 from ragd.ingest.chunker import embed_text
@@ -182,6 +184,25 @@ def build(work: Path, n_chunks: int, n_real: int, model_path: Path) -> None:
         db.executemany("INSERT INTO embeddings (space, text_hash, vector, tokens, truncated, "
                        "created_at) VALUES (?, ?, ?, 0, 0, ?)",
                        [(space, h, to_blob(v), now) for h, v in vecs.items()])
+    # The snapshot the daemon loads at start (its graph past the ANN threshold), made by the
+    # daemon's own code with every core: at 1M chunks building the graph takes a while.
+    t2 = time.monotonic()
+    vs = VectorStore(data, "float32", config.SCHEMA["embedding"]["ann_threshold"][1])
+    ids = np.array([r[0] for r in db.execute("SELECT id FROM chunks ORDER BY id")],
+                   dtype=np.int64)
+    cf = dict(db.execute("SELECT id, file_id FROM chunks"))
+    eh = dict(db.execute("SELECT id, embed_hash FROM chunks"))
+    files_ = np.array([cf[i] for i in ids.tolist()], dtype=np.int64)
+    mat = np.vstack([vecs[eh[i]] for i in ids.tolist()])
+    if len(ids) >= vs.ann_threshold:
+        vi = AnnIndex.from_rows(mat.shape[1], space, ids, files_, mat, threads=0)
+    else:
+        vi = VectorIndex(mat.shape[1], "float32", space)
+        vi.add(ids.tolist(), mat, files_.tolist())
+    sp = Space(space, model, vi)
+    vs.snapshot(db, sp)
+    print(f"vector snapshot ({type(vi).__name__}) written in {time.monotonic() - t2:.0f} s",
+          flush=True)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
     (work / "built.json").write_text(json.dumps({"chunks": total, "files": files,
@@ -196,7 +217,77 @@ def daemon_for(work: Path, model_path: Path) -> Daemon:
 
 
 def disk_mb(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.glob("index.sqlite3*")) / 2**20
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()
+               and (p.name.startswith("index.sqlite3") or p.parent.name == "vectors")) / 2**20
+
+
+def queries(n: int) -> list[str]:
+    """Natural questions (the dev set) and SciFact claims, alternating."""
+    dev = [json.loads(ln)["question"] for ln in
+           open(SHARED / "eval" / "obsidian-tasks" / "obsidian-tasks-questions.jsonl")]
+    sci = [json.loads(ln)["text"] for ln in
+           open(SHARED / "eval" / "scifact" / "queries-test.jsonl")]
+    out = [q for pair in zip(dev, sci) for q in pair]
+    return (out * (n // len(out) + 1))[:n]
+
+
+def raw_embed_p50(model_path: Path, qs: list[str], work: Path) -> float:
+    """The raw engine (one thread, as ragd's query engine) embedding the same queries."""
+    model = ResolvedModel(model_path.stem, model_path, "embedding", "mean", 512, "", "", 0.0,
+                          None)
+    engine = Engine("query", model, EngineSettings(threads=1), work / "raw-q", work / "logs")
+    engine.start()
+    assert engine.wait_ready(120), engine.tail_log()
+    try:
+        for q in qs[:5]:
+            engine.client.embed([q])
+        lat = []
+        for q in qs:
+            t = time.perf_counter()
+            engine.client.embed([q])
+            lat.append((time.perf_counter() - t) * 1e3)
+    finally:
+        engine.stop()
+    return pct(lat, 50)
+
+
+def measure_queries(d: Daemon, qs: list[str], mode: str) -> dict:
+    lat, stages = [], {}
+    with d.client(timeout=120) as c:
+        for q in qs[:5]:
+            c.call("search", query=q, mode=mode)
+        for q in qs:
+            t = time.perf_counter()
+            res = c.call("search", query=q, mode=mode)
+            total = (time.perf_counter() - t) * 1e3
+            lat.append(total)
+            for k, v in res.get("timings", {}).items():
+                stages.setdefault(k, []).append(v)
+            stages.setdefault("reply_ms", []).append(total - res["elapsed_ms"])
+    return {"p50_ms": round(pct(lat, 50), 2), "p95_ms": round(pct(lat, 95), 2),
+            "stages": {k: round(pct(v, 50), 2) for k, v in stages.items()}}
+
+
+def edit_visible(d: Daemon, notes_dir: Path, n: int = 10) -> float:
+    """An edit (a new sentence appended to a note) until hybrid search finds that note: the
+    search waits in the daemon for pending changes (search --wait), no polling."""
+    rng = random.Random(3)
+    files = sorted(notes_dir.rglob("*.md"))
+    lat = []
+    with d.client(timeout=60) as c:
+        for i in range(n):
+            note = rng.choice(files)
+            word = f"zqxedit{i}w{rng.randrange(10**6)}"
+            with open(note, "a", encoding="utf-8") as f:
+                f.write(f"\nAn edit mentions {word} here.\n")
+            t = time.perf_counter()
+            while not any(r["path"] == str(note) for r in c.call(
+                    "search", query=word, mode="hybrid", k=5, wait=30)["results"]):
+                if time.perf_counter() - t > 30:
+                    raise SystemExit(f"edit {i} not searchable after 30 s")
+            lat.append((time.perf_counter() - t) * 1e3)
+            time.sleep(0.3)
+    return round(pct(lat, 50), 1)
 
 
 def main() -> None:
@@ -205,6 +296,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="build (or reuse) the index in this folder")
     ap.add_argument("--real", type=int, default=2000, help="base texts embedded for real")
     ap.add_argument("--model", type=Path, default=EMBED_MODEL)
+    ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--idle-seconds", type=float, default=60.0)
     ap.add_argument("--json", action="store_true", help="end with one JSON line of figures")
     args = ap.parse_args()
@@ -213,22 +305,23 @@ def main() -> None:
     result: dict = {}
     try:
         built = work / "built.json"
-        if not built.exists() or json.loads(built.read_text())["chunks"] != args.chunks:
+        if not built.exists() or json.loads(built.read_text())["chunks"] < args.chunks * 0.99:
             print(f"building an index of {args.chunks} chunks in {work}", flush=True)
             build(work, args.chunks, args.real, args.model)
         info = json.loads(built.read_text())
         result.update(chunks=info["chunks"], files=info["files"], real_vectors=info["real"],
                       disk_mb=round(disk_mb(work / "data"), 1))
+        qs = queries(args.queries)
+        result["embed_p50_ms"] = round(raw_embed_p50(args.model, qs, work), 2)
         d = daemon_for(work, args.model)
         t0 = time.perf_counter()
         with d:
             st = ready(d, vectors=True)
             result["start_s"] = round(time.perf_counter() - t0, 2)
             e = st["engines"]["embedding"]
-            assert e["vectors"] == info["chunks"], e
-            assert st["totals"]["files_indexed"] == 0, st["totals"]
             result["texts_embedded_at_start"] = e["embedded_texts"]
-            time.sleep(5)  # let start-up settle (page cache, the first GC is at 60 s)
+            result["files_read_at_start"] = st["totals"]["files_indexed"]
+            time.sleep(5)  # let start-up settle (page cache; the first GC sweep is at 60 s)
             pids = [d.proc.pid, *children(d.proc.pid)]
             log_path = work / "data" / "ragd.log"
             log_at = log_path.stat().st_size
@@ -237,8 +330,9 @@ def main() -> None:
             time.sleep(args.idle_seconds)
             spent = sum(cpu_seconds(p) for p in pids) - c0
             result["idle_cpu_pct"] = round(100 * spent / (time.monotonic() - t), 3)
-            result["rss_mb"] = round(rss_mb(d.proc.pid), 1)
-            result["engine_rss_mb"] = round(sum(rss_mb(p) for p in pids[1:]), 1)
+            with open(log_path, "rb") as f:
+                f.seek(log_at)
+                result["log_lines_while_idle"] = len(f.read().splitlines())
             lat = []
             with d.client() as c:
                 for _ in range(20):
@@ -248,21 +342,31 @@ def main() -> None:
                     c.call("status")
                     lat.append((time.perf_counter() - t1) * 1e3)
             result["status_p50_ms"] = round(pct(lat, 50), 2)
-            result["status_p95_ms"] = round(pct(lat, 95), 2)
-            with open(log_path, "rb") as f:
-                f.seek(log_at)
-                result["log_lines_while_idle"] = len(f.read().splitlines())
-        print(f"\n{result['chunks']} chunks, {result['files']} files, "
-              f"{result['disk_mb']} MB on disk")
-        print(f"  restart to ready        {result['start_s']} s "
-              f"({result['texts_embedded_at_start']} texts embedded)")
-        print(f"  idle CPU                {result['idle_cpu_pct']} % of a core "
-              f"(daemon + engine, over {args.idle_seconds:.0f} s)")
-        print(f"  RSS                     daemon {result['rss_mb']} MB, engine "
-              f"{result['engine_rss_mb']} MB")
-        print(f"  log lines while idle    {result['log_lines_while_idle']}")
-        print(f"  status over the socket  p50 {result['status_p50_ms']} ms, p95 "
-              f"{result['status_p95_ms']} ms")
+            for mode in ("hybrid", "vector", "bm25"):
+                m = measure_queries(d, qs, mode)
+                result[f"{mode}_p50_ms"], result[f"{mode}_p95_ms"] = m["p50_ms"], m["p95_ms"]
+                result[f"{mode}_stages_p50_ms"] = m["stages"]
+            result["rss_mb"] = round(rss_mb(d.proc.pid), 1)
+            result["engines_rss_mb"] = round(sum(rss_mb(p) for p in pids[1:]), 1)
+            result["edit_visible_ms"] = edit_visible(d, work / "notes")
+            result["rss_mb_after_edits"] = round(rss_mb(d.proc.pid), 1)
+        result["hybrid_over_embed_ms"] = round(result["hybrid_p50_ms"] - result["embed_p50_ms"],
+                                               2)
+        print(f"\n{result['chunks']} chunks, {result['files']} files, {result['disk_mb']} MB "
+              f"on disk")
+        print(f"  restart to ready        {result['start_s']} s ({result['files_read_at_start']}"
+              f" files read, {result['texts_embedded_at_start']} texts embedded)")
+        print(f"  raw engine, a query     p50 {result['embed_p50_ms']} ms")
+        for mode in ("hybrid", "vector", "bm25"):
+            print(f"  {mode:<7} over the socket p50 {result[mode + '_p50_ms']} ms, p95 "
+                  f"{result[mode + '_p95_ms']} ms   stages {result[mode + '_stages_p50_ms']}")
+        print(f"  hybrid - raw embedding  {result['hybrid_over_embed_ms']} ms")
+        print(f"  an edit searchable      p50 {result['edit_visible_ms']} ms (hybrid)")
+        print(f"  idle CPU                {result['idle_cpu_pct']} % of a core (daemon + engines, "
+              f"{args.idle_seconds:.0f} s); {result['log_lines_while_idle']} log lines")
+        print(f"  RSS                     daemon {result['rss_mb']} MB, engines "
+              f"{result['engines_rss_mb']} MB")
+        print(f"  status over the socket  p50 {result['status_p50_ms']} ms")
         save(f"scale-{result['chunks']}", result)
         if args.json:
             print(json.dumps(result))

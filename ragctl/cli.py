@@ -324,6 +324,12 @@ def do_status(args) -> int:
             if role == "generator" and e.get("context"):
                 line += f"  context {e['context']}"
             print(line)
+            sw = e.get("switch")
+            if sw:
+                eta = f", ~{sw['eta_s'] / 60:.0f} min left" if sw.get("eta_s") else ""
+                print(f"    switching to {sw['to']}: {sw['vectors']}/{sw['chunks']} chunks "
+                      f"({100 * sw['progress']:.0f}%){eta}; {sw['from']} answers meanwhile "
+                      f"('ragctl models use --cancel' stops it)")
             for note in (e.get("space_note"), e.get("reason")):
                 if note:
                     print("    " + note.replace("\n", "\n    "))
@@ -639,6 +645,8 @@ def do_models(args) -> int:
         if not args.name:
             raise Fail("usage: ragctl models pull NAME", 2)
         return _pull(args, args.name)
+    if args.action == "use":
+        return _use(args)
     res = call(args, "models")
     emit(args, res, lambda r: print("\n".join(models_lines(r))))
     return 0
@@ -665,6 +673,60 @@ def models_lines(res: dict) -> list[str]:
     for role, value in res["configured"].items():
         lines.append(f"configured {role}: {value or '(none)'}")
     return lines
+
+
+def _use(args) -> int:
+    """Switch the embedding model without downtime: set [embedding] model in the config and
+    reload; the model in use answers until the new one's vectors are complete."""
+    from ragctl import configfile
+    st = call(args, "status")
+    switch = st.get("engines", {}).get("embedding", {}).get("switch")
+    if args.cancel:
+        if not switch:
+            raise Fail("no model switch is under way")
+        value = switch["from_value"]
+    elif not args.name:
+        raise Fail("usage: ragctl models use NAME|PATH  (or --cancel)", 2)
+    else:
+        value = args.name
+        if os.sep in value or value.endswith(".gguf"):
+            value = os.path.abspath(os.path.expanduser(value))
+    path = configfile.target(args.config, st.get("config"))
+    before = path.read_text(encoding="utf-8") if path.exists() else None
+    try:
+        configfile.set_value(path, "embedding", "model", value)
+    except configfile.ConfigFileError as e:
+        raise Fail(str(e), 2)
+    try:
+        res = call(args, "reload", timeout=120)
+    except P.DaemonError as e:
+        configfile.restore(path, before)
+        raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was")
+    note = res.get("embedding") or "unchanged"
+    emit(args, {"config": str(path), "model": value, "embedding": note},
+         lambda r: print(f"[embedding] model = {value!r} in {path}: {note}"))
+    if _interactive(args) and note.startswith("switching"):
+        _switch_progress(args)
+    return 0
+
+
+def _switch_progress(args) -> None:
+    """A progress line while the new model's vectors are built (Ctrl-C stops watching)."""
+    try:
+        with connect(args) as c:
+            while True:
+                e = c.call("status")["engines"].get("embedding", {})
+                sw = e.get("switch")
+                if not sw:
+                    print(f"\rswitch done: {e.get('model')} answers now{'':<60}")
+                    return
+                eta = f", ~{sw['eta_s'] / 60:.0f} min left" if sw.get("eta_s") else ""
+                print(f"\rswitching {sw['from']} -> {sw['to']}: {sw['vectors']}/{sw['chunks']} "
+                      f"chunks ({100 * sw['progress']:.0f}%){eta}; {sw['from']} answers "
+                      f"meanwhile   ", end="", flush=True)
+                time.sleep(1)
+    except KeyboardInterrupt:
+        print("\nthe switch goes on in the background ('ragctl status' shows it)")
 
 
 def _pull(args, name: str) -> int:
@@ -820,8 +882,11 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=do_gc)
     p = sub.add_parser("models", parents=[common],
                        help="list models; 'models pull NAME' downloads one")
-    p.add_argument("action", nargs="?", choices=["list", "pull"], default="list")
-    p.add_argument("name", nargs="?", help="registry name, or OWNER/REPO/FILE.gguf on the hub")
+    p.add_argument("action", nargs="?", choices=["list", "pull", "use"], default="list")
+    p.add_argument("name", nargs="?", help="registry name, or OWNER/REPO/FILE.gguf on the hub "
+                   "(pull); a registry name or a .gguf path (use)")
+    p.add_argument("--cancel", action="store_true",
+                   help="use: cancel the switch under way (the model in use stays)")
     p.set_defaults(func=do_models)
     return ap
 

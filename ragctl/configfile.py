@@ -132,6 +132,20 @@ def remove_source(path: Path, name: str) -> None:
     _write(path, tomlkit.dumps(doc))
 
 
+def set_value(path: Path, table: str, key: str, value) -> None:
+    """Set [table] key = value (created from the default when the file is missing), keeping
+    the rest of the file as it is."""
+    text = path.read_text(encoding="utf-8") if path.exists() else default_text()
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as e:
+        raise ConfigFileError(f"{path}: not valid TOML: {e}") from None
+    if table not in doc:
+        doc[table] = tomlkit.table()
+    doc[table][key] = value
+    _write(path, tomlkit.dumps(doc))
+
+
 def restore(path: Path, text: str | None) -> None:
     """Put back what the file held before an edit (None: it did not exist)."""
     if text is None:

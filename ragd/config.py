@@ -60,6 +60,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "batch_tokens": (int, 1024),
         "vector_dtype": (str, "float32"),
         "query_engine": (bool, True),
+        "ann_threshold": (int, 50000),
     },
     "models": {
         "hub_url": (str, ""),
@@ -144,6 +145,7 @@ class Config:
     embed_batch_tokens: int = 1024
     vector_dtype: str = "float32"
     query_engine: bool = True
+    ann_threshold: int = 50000
     max_buffers_per_client: int = 16
     reranker_model: str = ""
     reranker_pooling: str = ""
@@ -263,6 +265,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
                             ("engines", "health_interval", 0.5),
                             ("buffers", "max_per_client", 1),
+                            ("embedding", "ann_threshold", 0),
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
                             ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
                             ("generator", "context", 512), ("generator", "max_tokens", 1),
@@ -312,7 +315,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   embedding_model=em["model"], embedding_pooling=em["pooling"],
                   embedding_query_prefix=em["query_prefix"], embedding_doc_prefix=em["doc_prefix"],
                   embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
-                  query_engine=em["query_engine"],
+                  query_engine=em["query_engine"], ann_threshold=em["ann_threshold"],
                   max_buffers_per_client=values["buffers"]["max_per_client"],
                   reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
                   rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],

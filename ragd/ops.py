@@ -29,6 +29,7 @@ from ragd.config import Config
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.index import gc, store
 from ragd.index.buffers import BufferError, BufferStore
+from ragd.index.vectorstore import VectorStore
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
@@ -114,12 +115,17 @@ class ReadPool:
         self._lock = threading.Lock()
 
     @contextmanager
-    def conn(self):
+    def conn(self, snapshot: bool = False):
+        """snapshot: every statement of the request reads one state of the index (a read
+        transaction), so a commit between two of its queries (a chunk replaced between the
+        ranking and the fetch of its text) is never half seen."""
         with self._lock:
             db = self._free.pop() if self._free else None
         if db is None:
             db = store.connect(self.path)
         try:
+            if snapshot:
+                db.execute("BEGIN")
             yield db
         finally:
             if db.in_transaction:  # a read interrupted mid-way
@@ -140,7 +146,7 @@ class ReadPool:
 
 class Ops:
     def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None],
-                 reload: Callable[[], dict] | None = None):
+                 reload: Callable[[], dict] | None = None, vectors=None, embedding=None):
         self.cfg = cfg
         self.indexer = indexer
         self.engines = engines
@@ -150,8 +156,10 @@ class Ops:
         self.request_stop = request_stop
         self.reload = reload
         self.reads = ReadPool(cfg.db_path)
-        self.buffers = BufferStore(cfg, engines, self.reads)
-        self.searcher = Searcher(cfg, engines, self.buffers)
+        self.vectors = vectors if vectors is not None else VectorStore(cfg.data_dir)
+        self.embedding = embedding  # index/switch.py: the embedder(s), a model switch
+        self.buffers = BufferStore(cfg, engines, self.reads, self.vectors)
+        self.searcher = Searcher(cfg, engines, self.vectors, self.buffers)
         self.started = time.time()
         self.stopping = threading.Event()
 
@@ -183,7 +191,7 @@ class Ops:
         now = time.time()
         with self.reads.conn() as db:
             counts = store.source_counts(db)
-            engines = self.engines.status(db)
+            engines = self._engines_status()
         hints = sorted(self.indexer.hints)
         per_source = []
         for s in self.cfg.sources:
@@ -234,10 +242,10 @@ class Ops:
             return max(0.0, deadline - time.monotonic())
 
         def embedder():
-            emb = self.engines.embedder
+            emb = self.embedder
             if vectors is False or emb is None:
                 return None
-            if vectors is None and (emb.vectors is None or not emb.engine.ready):
+            if vectors is None and (emb.space is None or not emb.engine.ready):
                 return None
             return emb
 
@@ -304,8 +312,9 @@ class Ops:
             raise OpError(P.BAD_ARGS, f"search: mode must be one of {', '.join(MODES)}, "
                           f"got {mode!r}")
         filters = self.filters("search", sources, path, tag, since, before)
-        with self.reads.conn() as db:
+        with self.reads.conn(snapshot=True) as db:
             ranked, info = self.searcher.run(db, query, k, mode, filters, rerank, group)
+            t = time.perf_counter()
             grouped = notes.group(db, ranked, info.get("reranked", False), self.buffers)
             conf = notes.confidence(db, query, grouped, self.buffers) if grouped else None
             if group == "note":
@@ -315,6 +324,7 @@ class Ops:
         for r in results:
             r.pop("chunk_id", None)
             r["match_lines"] = bm25.matching_lines(r["text"], r["line_start"], query)
+        info["timings"]["fetch_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if conf is not None:
             info["confidence"] = conf
             info["low_confidence"] = conf < notes.LOW_CONFIDENCE
@@ -549,19 +559,19 @@ class Ops:
             raise OpError(P.BAD_ARGS, "related: give either 'path' or 'text'")
         if not 1 <= k <= 100:
             raise OpError(P.BAD_ARGS, f"related: 'k' must be between 1 and 100, got {k}")
-        emb = self.engines.embedder
-        if emb is None or emb.vectors is None:
+        space = self.vectors.active
+        if space is None:
             raise OpError(P.UNAVAILABLE, "related: no vectors yet ("
                           + (self.engines.unavailable("embedding") or "the embedding engine is "
                              "starting") + ")")
-        with self.reads.conn() as db:
+        with self.reads.conn(snapshot=True) as db:
             spans, vecs, own, note_path = self._related_source(db, path, text)
             if not len(vecs):
                 return {"results": [], "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
                         "reason": "no vectors for this note yet"}
             exclude = np.array(sorted(own | {b.file_id for b in self.buffers.active()
                                             if b.file_id is not None}), dtype=np.int64)
-            hits = emb.vectors.nearest_to_any(vecs, k * 30, exclude)
+            hits = space.vectors.nearest_to_any(vecs, k * 30, exclude)
             best: dict[int, tuple[int, float, int]] = {}
             for cid, fid, score, which in hits:
                 if fid not in best:
@@ -602,7 +612,7 @@ class Ops:
                 raise OpError(P.NOT_FOUND, f"related: {path} is not indexed")
             chunks = db.execute("SELECT id, line_start, line_end FROM chunks WHERE file_id = ? "
                                 "ORDER BY ordinal", (row["id"],)).fetchall()
-            ids, vecs = self.engines.embedder.vectors.get([c[0] for c in chunks])
+            ids, vecs = self.vectors.active.vectors.get([c[0] for c in chunks])
             span = {c[0]: {"line_start": c[1], "line_end": c[2]} for c in chunks}
             return [span[i] for i in ids][:RELATED_CHUNKS], vecs[:RELATED_CHUNKS], \
                 {row["id"]}, printable(p)
@@ -611,11 +621,11 @@ class Ops:
         from ragd.ingest import chunker, markdown
         pieces = chunker.chunk_doc(markdown.parse(text, ""), self.cfg.chunk_tokens,
                                    self.cfg.chunk_overlap)[:RELATED_CHUNKS]
-        engine = next((e for e in (self.engines.query_engine, self.engines.embed_engine)
-                       if e is not None and e.ready), None)
+        active = self.vectors.active
+        engine = self.engines.query_engine_ready(active.model if active else None)
         if engine is None or not pieces:
             return [], np.empty((0, 1)), set(), None
-        model = self.engines.embed_model
+        model = engine.model
         try:
             vecs = engine.client.embed([model.doc_prefix + chunker.embed_text(c.heading,
                                                                              c.body)[:4000]
@@ -647,6 +657,35 @@ class Ops:
         answers from the notes found alone, citing them (ragd/search/ask.py). Streams the
         notes used and the answer's text, then the answer with its citations."""
         return ask.ask(self, question, k, max_tokens, sources, path, tag)
+
+    @property
+    def embedder(self):
+        """The embedder of the space in use (None until the embedding model is ready)."""
+        return self.embedding.active if self.embedding is not None else None
+
+    def _engines_status(self) -> dict:
+        out = self.engines.status()
+        emb = self.embedder
+        if emb is not None and "embedding" in out:
+            space = emb.space
+            s = emb.stats
+            out["embedding"].update({
+                "embedder": emb.status, "space": emb.space_id,
+                "space_note": space.note if space is not None else None,
+                "vectors": len(space.vectors) if space is not None else 0,
+                "pending_texts": emb.pending(),
+                "embedded_texts": s.texts, "embedded_tokens": s.tokens,
+                "truncated": s.truncated, "failed": s.failed,
+            })
+            chunks = sum(c.get("chunks", 0) for c in self._counts().values())
+            switch = self.embedding.status(chunks)
+            if switch is not None:
+                out["embedding"]["switch"] = switch
+        return out
+
+    def _counts(self) -> dict:
+        with self.reads.conn() as db:
+            return store.source_counts(db)
 
     def cmd_reload(self) -> dict:
         """Read the config file again and apply it: sources added, removed or changed take

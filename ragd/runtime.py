@@ -18,6 +18,8 @@ from ragd.engines.manager import Engines
 from ragd.events import EventBus
 from ragd.index import gc, store
 from ragd.index.indexer import Indexer
+from ragd.index.switch import Embedding
+from ragd.index.vectorstore import VectorStore
 from ragd.ingest.watcher import Watcher
 from ragd.ops import Ops
 from ragd.server import Server
@@ -37,14 +39,16 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "engine_max_restarts": "engines.max_restarts",
            "engine_restart_window": "engines.restart_window",
            "engine_health_interval": "engines.health_interval",
-           "embedding_model": "embedding.model", "embedding_pooling": "embedding.pooling",
-           "embedding_query_prefix": "embedding.query_prefix",
-           "embedding_doc_prefix": "embedding.doc_prefix",
            "embed_batch_tokens": "embedding.batch_tokens",
            "vector_dtype": "embedding.vector_dtype", "query_engine": "embedding.query_engine",
+           "ann_threshold": "embedding.ann_threshold",
            "reranker_model": "reranker.model",
            "reranker_pooling": "reranker.pooling", "watch": "watch.enabled",
            "generator_model": "generator.model", "generator_context": "generator.context"}
+
+
+MODEL_FIELDS = ("embedding_model", "embedding_pooling", "embedding_query_prefix",
+                "embedding_doc_prefix")
 
 
 class ReloadError(Exception):
@@ -59,10 +63,13 @@ class Runtime:
         self.stop_event = threading.Event()
         self.reload_wanted = threading.Event()
         self._reload_lock = threading.Lock()
-        self.engines = Engines(cfg)
-        self.indexer = Indexer(cfg, cfg.db_path, listener=self.engines, events=EventBus())
+        self.vectors = VectorStore(cfg.data_dir, cfg.vector_dtype, cfg.ann_threshold)
+        self.vectors.enabled = bool(cfg.embedding_model)
+        self.engines = Engines(cfg, on_embedding=self._on_embedding)
+        self.embedding = Embedding(cfg, self.engines, self.vectors)
+        self.indexer = Indexer(cfg, cfg.db_path, listener=self.vectors, events=EventBus())
         self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,
-                       reload=self.reload)
+                       reload=self.reload, vectors=self.vectors, embedding=self.embedding)
         self.server = Server(cfg.socket, self.ops.dispatch, cfg.max_connections)
         self.watcher: Watcher | None = None
 
@@ -113,6 +120,7 @@ class Runtime:
                 self.watcher.stop()
             self.indexer.stop()
             self.ops.buffers.stop()
+            self.embedding.stop()  # the embedders write their spaces' snapshots
             self.engines.stop()
             self.ops.reads.close()
             log.info("stopped")
@@ -121,6 +129,23 @@ class Runtime:
     def stop(self) -> None:
         self.stop_event.set()
         self.reload_wanted.set()
+
+    def _on_embedding(self, model) -> None:
+        """The configured embedding model is ready (engines-setup thread): it serves — or, a
+        switch under way, the model in use serves and this one is built beside it."""
+        self.embedding.start(model)
+
+    def _change_model(self, cfg) -> str:
+        """The configured embedding model changed: switch to it without downtime."""
+        if not cfg.embedding_model:
+            return "embedding.model is now empty: a restart turns dense search off"
+        try:
+            model = self.engines.resolve_embedding(
+                cfg.embedding_model, cfg.embedding_pooling, cfg.embedding_query_prefix,
+                cfg.embedding_doc_prefix)
+        except Exception as e:
+            return f"the new embedding model cannot be used ({e}); the one in use stays"
+        return self.embedding.change(model, cfg.embedding_model)
 
     # -- reloading --------------------------------------------------------------------------------
 
@@ -135,6 +160,9 @@ class Runtime:
             cfg = self.cfg
             restart = sorted(key for field, key in RESTART.items()
                              if getattr(cfg, field) != getattr(new, field))
+            model_changed = [getattr(cfg, f) != getattr(new, f) for f in MODEL_FIELDS]
+            if any(model_changed) and not cfg.embedding_model:
+                restart.append("embedding.model")  # dense search was off: a restart starts it
             rechunk = (cfg.chunk_tokens, cfg.chunk_overlap) != (new.chunk_tokens,
                                                                  new.chunk_overlap)
             old = {s.name: s for s in cfg.sources}
@@ -144,6 +172,11 @@ class Runtime:
             changed = [n for n in now if n in old and n not in added and old[n] != now[n]]
             for field in LIVE:
                 setattr(cfg, field, getattr(new, field))
+            model_note = None
+            if any(model_changed) and cfg.embedding_model:
+                for field in MODEL_FIELDS:
+                    setattr(cfg, field, getattr(new, field))
+                model_note = self._change_model(cfg)
             cfg.path = new.path
             cfg.sources = new.sources
             logging.getLogger("ragd").setLevel(cfg.log_level.upper())
@@ -165,7 +198,7 @@ class Runtime:
                 self.indexer.request_scan(force=True)
             result = {"config": str(cfg.path) if cfg.path else None, "added": added,
                       "removed": removed, "changed": changed, "rechunk": rechunk,
-                      "restart_needed": restart}
+                      "restart_needed": restart, "embedding": model_note}
             log.info("reloaded %s: sources added %s, removed %s, changed %s%s%s",
                      cfg.path or "built-in defaults", added or "none", removed or "none",
                      changed or "none", "; re-chunking every file" if rechunk else "",

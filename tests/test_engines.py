@@ -137,6 +137,8 @@ def test_engine_that_keeps_dying_is_marked_failed(make_daemon, tmp_path, engine_
 
 
 def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path):
+    """The model changed while ragd was stopped: at start the model in use serves and the new
+    one is built beside it; neither matrix ever holds a vector of the other space."""
     root = small_vault(tmp_path / "vault")
     d = make_daemon(sources=src(root), extra=engine_config())
     with d:
@@ -146,40 +148,48 @@ def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path):
     # Another model (the reranker's encoder, mean-pooled: a different vector space).
     d.config.write_text(d.config.read_text().replace(str(EMBED_MODEL), str(RERANK_MODEL)))
     with d:
-        st = d.wait_idle()
-        deadline = time.monotonic() + 30
-        while d.call("status")["engines"]["embedding"].get("space") is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        e = d.call("status")["engines"]["embedding"]
-        assert e["space"] != first_space and "model changed" in e["space_note"]
-        # Only vectors of the new space are in memory, however far its re-embedding got: a
-        # vector enters the matrix after its row is committed, so the matrix never holds more
-        # than the chunks with a vector in the new space (old ones would make it n at once).
-        # Watched while the re-embedding runs, until it has been seen part way.
         db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+
+        def in_space(space):
+            return db.execute("SELECT COUNT(*) FROM chunks c JOIN embeddings e ON "
+                              "e.space = ? AND e.text_hash = c.embed_hash",
+                              (space,)).fetchone()[0]
+
+        # Watched while the new space is built, until it has been seen part way: the old
+        # space answers with all its vectors, the new matrix holds only committed rows of
+        # its own space (old ones would make it n at once).
         part_way = False
         deadline = time.monotonic() + 120
-        while not part_way:
-            assert time.monotonic() < deadline, "never saw the re-embedding part way"
+        while True:
+            assert time.monotonic() < deadline, "the switch never ended"
             e = d.call("status")["engines"]["embedding"]
-            in_new = db.execute("SELECT COUNT(*) FROM chunks c JOIN embeddings e ON "
-                                "e.space = ? AND e.text_hash = c.embed_hash",
-                                (e["space"],)).fetchone()[0]
-            assert e["vectors"] <= in_new, (e["vectors"], in_new)
-            part_way = 0 < e["vectors"] < n
+            sw = e.get("switch")
+            if sw is None:
+                if e.get("space") not in (None, first_space):
+                    break
+                time.sleep(0.05)
+                continue
+            if e.get("space") is not None:  # (None while its snapshot loads at start)
+                assert e["space"] == first_space and e["vectors"] == n
+            assert sw["to_space"] != first_space
+            assert sw["vectors"] <= in_space(sw["to_space"]), (sw, in_space(sw["to_space"]))
+            part_way = part_way or 0 < sw["vectors"] < n
+            time.sleep(0.02)
+        assert part_way, "never saw the new space part way"
         st = wait_embedded(d)
-        assert st["engines"]["embedding"]["vectors"] == n
+        e = st["engines"]["embedding"]
+        assert e["space"] != first_space and e["vectors"] == n == in_space(e["space"])
         res = d.call("search", query="make a task repeat", k=3, mode="vector")
         assert res["vector_space"] == e["space"]
-        old = db.execute("SELECT COUNT(*) FROM embeddings WHERE space = ?",
-                         (first_space,)).fetchone()[0]
-        assert old > 0  # the first model's cache is kept
+        assert in_space(first_space) == n  # the first model's cache is kept
     # Switching back costs nothing: the first space and its cache are found again.
     d.config.write_text(d.config.read_text().replace(str(RERANK_MODEL), str(EMBED_MODEL)))
     with d:
+        deadline = time.monotonic() + 60
+        while d.call("status")["engines"]["embedding"].get("space") != first_space:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         st = wait_embedded(d)
-        assert st["engines"]["embedding"]["space"] == first_space
         assert st["engines"]["embedding"]["embedded_texts"] == 0
         assert st["engines"]["embedding"]["vectors"] == n
 
@@ -269,8 +279,10 @@ def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_
     except BaseException:
         engine.stop()
         raise
-    emb = Embedder(cfg.db_path, engine, believed)
-    ix = Indexer(cfg, cfg.db_path, listener=emb)
+    from ragd.index.vectorstore import VectorStore
+    vectors = VectorStore(cfg.data_dir)
+    emb = Embedder(cfg.db_path, engine, believed, vectors)
+    ix = Indexer(cfg, cfg.db_path, listener=vectors)
     try:
         ix.start()
         ix.request_scan()
@@ -286,7 +298,7 @@ def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_
         assert attempts == 2 and "HTTP 500" in reason
         assert len(emb.vectors) == 1 and emb.pending(db) == 0
         # Given up: nothing is queued or scheduled for a retry, so it is never tried again.
-        assert emb.idle and emb._retry == [] and not emb._todo
+        assert emb.idle and emb.space.retry == [] and not emb.space.todo
         assert db.execute("SELECT attempts FROM embed_failures").fetchone()[0] == 2
     finally:
         ix.stop()

@@ -430,3 +430,33 @@ def test_kill_9_during_the_initial_embedding_converges(make_daemon, tmp_path):
         # embedded in both runs: every distinct text once, plus what was in flight at the kill
         # (one batch of <= 1024 tokens; and what was embedded after the last status we read)
         assert distinct <= first + second <= distinct + 2 * 8, (first, second, distinct)
+
+
+def test_a_folder_moved_back_and_forth_never_leaves_search(make_daemon, tmp_path):
+    """Every search during a move sees the notes, at the old path or the new one: the move is
+    one commit, a search reads one state of the index, and a folder's move told twice (the
+    folder's event and its files') is applied once."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        a, b = root / "Other Plugins", root / "Plugins elsewhere"
+        empty = []
+        for i in range(10):
+            shutil.move(str(a), str(b))
+            a, b = b, a
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 1.2:
+                if not d.call("search", query="QuickAdd", k=5, mode="bm25")["results"]:
+                    empty.append((i, round(time.monotonic() - t0, 3)))
+                time.sleep(0.01)
+        assert not empty, f"searches that found nothing (move, seconds after it): {empty}"
+        hits = find(d, "QuickAdd")
+        deadline = time.monotonic() + 10
+        while not all(str(a) in h["path"] for h in hits) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            hits = find(d, "QuickAdd")
+        assert hits and all(str(a) in h["path"] for h in hits)
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["embedded_texts"] == st["engines"]["embedding"]["vectors"]

@@ -1,4 +1,7 @@
-"""The daemon's models: resolve them, supervise their engines, run the embedder.
+"""The daemon's models and their engines: resolve the models, supervise one llama.cpp server
+per role (and a small second one for query embeddings). Nothing here knows of vectors: when
+the embedding engine is made, ``on_embedding`` is called (the runtime starts an embedder, which
+fills the vector store, index/vectorstore.py).
 
 Model resolution can take a while the first time (the default model is fetched from PyPI and
 converted), so it runs in a thread after the socket is up: search answers from BM25 meanwhile.
@@ -13,26 +16,28 @@ import threading
 from ragd.engines import models
 from ragd.engines.models import ModelError, ResolvedModel
 from ragd.engines.supervisor import Engine, EngineSettings
-from ragd.index.embedder import Embedder
 
 log = logging.getLogger("ragd.engines")
 
 
 class Engines:
-    def __init__(self, cfg):
+    def __init__(self, cfg, on_embedding=None):
         self.cfg = cfg
-        self.sync = threading.Lock()  # see Indexer.listener
+        self.on_embedding = on_embedding  # (model): the configured embedding model is ready
+        self._lock = threading.Lock()
         self.embed_model: ResolvedModel | None = None
         self.rerank_model: ResolvedModel | None = None
         self.embed_engine: Engine | None = None
         # A second, small engine for query embeddings (same model, one thread): a search never
         # waits behind a bulk embedding batch ([embedding] query_engine).
         self.query_engine: Engine | None = None
+        # During a model switch: the new model's engine, filling its space beside the old.
+        self.next_model: ResolvedModel | None = None
+        self.next_engine: Engine | None = None
         self.rerank_engine: Engine | None = None
         # A chat model for `ask` (ragd/search/ask.py), off unless [generator] model is set.
         self.gen_model: ResolvedModel | None = None
         self.gen_engine: Engine | None = None
-        self.embedder: Embedder | None = None
         self.errors: dict[str, str] = {}
         self.setting_up: dict[str, bool] = {}
         self._thread = threading.Thread(target=self._setup, name="engines-setup", daemon=True)
@@ -77,33 +82,88 @@ class Engines:
                 log.exception("%s model could not be prepared", role)
                 self.setting_up[role] = False
                 continue
-            if role == "generator":  # the context asked for, within what the model was trained on
+            if role == "embedding" and self.on_embedding is not None:
+                # the runtime decides what to run: this model, or (a switch under way) the
+                # model in use while this one's vectors are built beside it
+                self.on_embedding(model)
+            elif role == "embedding":
+                self.serve_embedding(model)
+            elif role == "generator":
+                # the context asked for, within what the model was trained on
                 model = dataclasses.replace(model, context=min(self.cfg.generator_context,
                                                                model.context))
-            with self.sync:
-                if self._stopped.is_set():
-                    return
-                engine = Engine(role, model, self.settings, run_dir, log_dir)
-                if role == "embedding":
-                    self.embed_model, self.embed_engine = model, engine
-                    if self.cfg.query_engine:
-                        self.query_engine = Engine(
-                            "query", model, dataclasses.replace(self.settings, threads=1),
-                            run_dir, log_dir)
-                    self.embedder = Embedder(self.cfg.db_path, engine, model,
-                                             dtype=self.cfg.vector_dtype,
-                                             batch_tokens=self.cfg.embed_batch_tokens,
-                                             sync=self.sync)
-                elif role == "generator":
-                    self.gen_model, self.gen_engine = model, engine
-                else:
-                    self.rerank_model, self.rerank_engine = model, engine
-                engine.start()
-                if role == "embedding":
-                    self.embedder.start()
-                    if self.query_engine is not None:
-                        self.query_engine.start()
+                with self._lock:
+                    if self._stopped.is_set():
+                        return
+                    self.gen_model = model
+                    self.gen_engine = Engine(role, model, self.settings, run_dir, log_dir)
+                    self.gen_engine.start()
+            else:
+                with self._lock:
+                    if self._stopped.is_set():
+                        return
+                    self.rerank_model = model
+                    self.rerank_engine = Engine(role, model, self.settings, run_dir, log_dir)
+                    self.rerank_engine.start()
             self.setting_up[role] = False
+
+    def resolve_embedding(self, value: str, pooling: str | None, query_prefix: str | None,
+                          doc_prefix: str | None) -> ResolvedModel:
+        return models.resolve(value, "embedding", self.cfg.data_dir, pooling=pooling or None,
+                              query_prefix=query_prefix, doc_prefix=doc_prefix)
+
+    def _dirs(self):
+        return self.cfg.socket.parent, self.cfg.data_dir / "engines"
+
+    def serve_embedding(self, model: ResolvedModel) -> Engine:
+        """Start the engines that serve this model: the main one (bulk embedding) and the
+        query engine. Returns the main one."""
+        run_dir, log_dir = self._dirs()
+        with self._lock:
+            self.embed_model = model
+            self.embed_engine = Engine("embedding", model, self.settings, run_dir, log_dir)
+            if self.cfg.query_engine:
+                self.query_engine = Engine("query", model, dataclasses.replace(
+                    self.settings, threads=1), run_dir, log_dir)
+            if self._stopped.is_set():
+                return self.embed_engine
+            self.embed_engine.start()
+            if self.query_engine is not None:
+                self.query_engine.start()
+        return self.embed_engine
+
+    def serve_next(self, model: ResolvedModel) -> Engine:
+        """A model switch: an engine for the new model, beside the one in use."""
+        run_dir, log_dir = self._dirs()
+        with self._lock:
+            self.next_model = model
+            self.next_engine = Engine("embedding-next", model, self.settings, run_dir, log_dir)
+            if not self._stopped.is_set():
+                self.next_engine.start()
+        return self.next_engine
+
+    def promote_next(self) -> None:
+        """The switch is done: the new model's engine serves; the old one and its query
+        engine stop, and a query engine for the new model starts."""
+        run_dir, log_dir = self._dirs()
+        with self._lock:
+            old = [e for e in (self.embed_engine, self.query_engine) if e is not None]
+            self.embed_model, self.embed_engine = self.next_model, self.next_engine
+            self.next_model = self.next_engine = None
+            self.query_engine = None
+            if self.cfg.query_engine and not self._stopped.is_set():
+                self.query_engine = Engine("query", self.embed_model, dataclasses.replace(
+                    self.settings, threads=1), run_dir, log_dir)
+                self.query_engine.start()
+        for e in old:
+            e.stop()
+
+    def drop_next(self) -> None:
+        """The switch is cancelled: the new model's engine stops."""
+        with self._lock:
+            engine, self.next_engine, self.next_model = self.next_engine, None, None
+        if engine is not None:
+            engine.stop()
 
     def unavailable(self, role: str) -> str | None:
         """Why the role cannot serve right now (None when it can, or is simply starting)."""
@@ -117,35 +177,17 @@ class Engines:
             return f"the {role} engine is {engine.state}{why}"
         return None
 
-    # the indexer's listener interface
-    @property
-    def wants_changes(self) -> bool:
-        return "embedding" in self.configured
-
-    def embed_now(self, db, chunks: list):
-        """Vectors for an edit's new texts before its commit (see Embedder.embed_now)."""
-        emb = self.embedder
-        return emb.embed_now(db, chunks) if emb is not None else None
-
-    def put_vectors(self, db, space: int, rows: list) -> None:
-        if self.embedder is not None:
-            self.embedder.put_vectors(db, space, rows)
-
-    def chunks_changed(self, db, removed, added) -> None:
-        if self.embedder is not None:
-            self.embedder.chunks_changed(db, removed, added)
-
     def stop(self) -> None:
         self._stopped.set()
-        with self.sync:
+        with self._lock:
             pass
-        if self.embedder is not None:
-            self.embedder.stop()
-        for engine in (self.embed_engine, self.query_engine, self.rerank_engine, self.gen_engine):
+        for engine in (self.embed_engine, self.query_engine, self.next_engine,
+                       self.rerank_engine, self.gen_engine):
             if engine is not None:
                 engine.stop()
 
-    def status(self, db) -> dict:
+    def status(self) -> dict:
+        """Per configured role: its model and engine (state, pid, restarts, ...)."""
         out = {}
         for role, value in self.configured.items():
             engine = self.engine(role)
@@ -159,19 +201,18 @@ class Engines:
             else:
                 row["state"] = "preparing model"
             out[role] = row
-        emb = self.embedder
-        if emb is not None:
-            vi = emb.vectors
-            s = emb.stats
-            out["embedding"].update({
-                "embedder": emb.status, "space": emb.space, "space_note": emb.space_note,
-                "vectors": len(vi) if vi is not None else 0,
-                "pending_texts": emb.pending(db),
-                "embedded_texts": s.texts, "embedded_tokens": s.tokens,
-                "truncated": s.truncated, "failed": s.failed,
-            })
-        if self.query_engine is not None:
+        if self.query_engine is not None and "embedding" in out:
             q = self.query_engine.status()
             out["embedding"]["query_engine"] = {k: q[k] for k in ("state", "pid", "restarts",
                                                                   "reason")}
         return out
+
+    def query_engine_ready(self, model: ResolvedModel | None = None) -> Engine | None:
+        """The engine to embed a query with: the query engine, else the main one, if up —
+        of this model (during a model switch two models run: a query must be embedded by the
+        model of the space it searches)."""
+        for e in (self.query_engine, self.embed_engine, self.next_engine):
+            if e is not None and e.ready and (model is None or e.model.path == model.path
+                                              and e.model.pooling == model.pooling):
+                return e
+        return None

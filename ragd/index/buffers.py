@@ -32,7 +32,6 @@ import numpy as np
 
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.index import store
-from ragd.index.vectors import from_blob
 from ragd.ingest import chunker, loader, sources
 from ragd.ingest.chunker import embed_text
 from ragd.search import bm25
@@ -80,10 +79,11 @@ class Buffer:
 
 
 class BufferStore:
-    def __init__(self, cfg, engines, reads):
+    def __init__(self, cfg, engines, reads, vectors):
         self.cfg = cfg
         self.engines = engines
         self.reads = reads
+        self.vectors = vectors
         self._lock = threading.Condition()
         self._by_key: dict[tuple[int, str], Buffer] = {}  # (session, abs path) -> buffer
         self._ids = itertools.count(1)
@@ -293,18 +293,10 @@ class BufferStore:
         return self._stats[1], max(self._stats[2], 1.0)
 
     def _cached(self, db: sqlite3.Connection, hashes: set[str]) -> dict[str, np.ndarray]:
-        emb = self.engines.embedder
-        if emb is None or emb.space is None or not hashes:
+        space = self.vectors.active
+        if space is None or not hashes:
             return {}
-        out = {}
-        hs = list(hashes)
-        for i in range(0, len(hs), 500):
-            part = hs[i:i + 500]
-            for h, blob in db.execute(f"SELECT text_hash, vector FROM embeddings WHERE space = ? "
-                                      f"AND text_hash IN ({','.join('?' * len(part))})",
-                                      [emb.space, *part]):
-                out[h] = from_blob(blob)
-        return out
+        return self.vectors.cached(db, space.id, hashes)
 
     def _model_prefix(self) -> str:
         m = self.engines.embed_model
@@ -335,8 +327,8 @@ class BufferStore:
                     return
                 batch = list(self._todo.items())[:8]
             engines = self.engines
-            engine = next((e for e in (engines.query_engine, engines.embed_engine)
-                           if e is not None and e.ready), None)
+            active = self.vectors.active
+            engine = engines.query_engine_ready(active.model if active else None)
             if engine is None:
                 self._stop.wait(0.5)
                 continue

@@ -730,7 +730,9 @@ class Indexer:
                 self._emit("moved", src.name, new,
                            from_path=sources.printable(str(src.root / old)))
                 return
-        if p.kind == "unchanged":  # unchanged against a row already at the new path
+        if p.kind == "unchanged" and row is not None:
+            # unchanged against a row already at the new path, while the old row is there
+            # too: indexed afresh. (No old row: this move was applied already; nothing to do.)
             p = Prepared("index", p.content, self._records(p.content))
         self._index_one(src, new, p, changes)
         self._index_one(src, old, item.old_prepared, changes)  # removed if it is gone

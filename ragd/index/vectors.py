@@ -90,6 +90,13 @@ class VectorIndex:
                 gone += 1
         return gone
 
+    def export(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Copies of (chunk ids, file ids, vectors as float32) of every row."""
+        with self._lock:
+            n = self._n
+            return (self._ids[:n].copy(), self._files[:n].copy(),
+                    self._m[:n].astype(np.float32))
+
     def get(self, ids) -> tuple[list[int], np.ndarray]:
         """The vectors of these chunk ids that are here: (their ids, their rows)."""
         with self._lock:

@@ -411,7 +411,9 @@ class Watcher:
                 for k in ready:
                     del self._due[k]
                 self._inflight = len(moves) + len(ready)
-            for _, name, old, new in moves:
+            # A folder moved is told twice (its own event, and one per file under it): the
+            # second would find the file already moved and index it again.
+            for name, old, new in dict.fromkeys((m[1], m[2], m[3]) for m in moves):
                 self.indexer.request_move(name, old, new)
             for key in ready:
                 with self._lock:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,12 @@ from ragd.search import bm25, notes
 from ragd.search.filters import Filters
 
 MODES = ("hybrid", "vector", "bm25")
+
+
+def _done(value) -> Future:
+    fut: Future = Future()
+    fut.set_result(value)
+    return fut
 
 
 def vector_weight(query: str) -> float:
@@ -57,9 +64,11 @@ def rrf(lists: dict[str, list[int]], k: int = 60,
 
 
 class Searcher:
-    def __init__(self, cfg, engines, buffers=None):
+    def __init__(self, cfg, engines, vectors, buffers=None):
         self.cfg = cfg
         self.engines = engines
+        self._pool = ThreadPoolExecutor(8, thread_name_prefix="query-embed")
+        self.vectors = vectors  # the VectorStore (index/vectorstore.py)
         self.buffers = buffers  # unsaved editor buffers (index/buffers.py), an overlay
 
     def threshold(self) -> float:
@@ -74,33 +83,36 @@ class Searcher:
         """Rank chunks for the query. Returns (candidates best first, reply fields). For
         group "note" the reranker sees the best chunk of each of the top notes."""
         filters = filters or Filters()
+        timings: dict[str, float] = {}
         bufs = self.buffers.active() if self.buffers is not None else []
         if bufs:  # the buffers stand in for their files
             filters = dataclasses.replace(filters, exclude_files=tuple(
                 b.file_id for b in bufs if b.file_id is not None))
             bufs = [b for b in bufs if filters.admits_buffer(b.source, b.rel)]
-        info: dict = {"mode": mode, "reranked": False}
+        info: dict = {"mode": mode, "reranked": False, "timings": timings}
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
         parts: dict[int, dict] = {}
 
         if mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
             mode = info["mode"] = "bm25"  # dense search is off by configuration: not degraded
+        # The query's embedding is asked for first and BM25 runs while the engine works on it:
+        # a hybrid search costs max(embedding, BM25), not their sum.
+        embedding = self._embed_query(query, timings) if mode in ("hybrid", "vector") else None
+        if mode == "hybrid":
+            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings)
         if mode in ("hybrid", "vector"):
-            why_not = self._vector_ranking(db, query, n, filters, lists, parts, info, bufs)
+            why_not = self._vector_ranking(db, embedding, n, filters, lists, parts, info, bufs)
             if why_not is not None:
                 info["degraded"] = True
                 info["reason"] = why_not
                 info["requested_mode"] = mode
+                if mode == "vector":
+                    self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings)
                 mode = info["mode"] = "bm25"
-        if mode in ("hybrid", "bm25"):
-            hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters)]
-            if bufs:
-                hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None),
-                              key=lambda h: -h[1])[:n]
-            lists["bm25"] = [cid for cid, _ in hits]
-            for cid, score in hits:
-                parts.setdefault(cid, {})["bm25"] = round(score, 6)
+        elif mode == "bm25":
+            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings)
+        t = time.perf_counter()
 
         if not self._anything_relevant(db, query, mode, filters, lists, info):
             return [], info
@@ -123,6 +135,7 @@ class Searcher:
             key = "vector" if mode == "vector" else "bm25"
             ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists.get(key, [])]
 
+        timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
         if rerank and ranked:
@@ -168,25 +181,51 @@ class Searcher:
             info["reason"] = "nothing relevant: no note holds a content word of the query"
         return False
 
-    def _vector_ranking(self, db, query, n, filters: Filters, lists, parts,
-                        info, bufs=()) -> str | None:
-        """Fill lists['vector']; return why vectors cannot be used, or None."""
+    def _embed_query(self, query: str, timings: dict):
+        """Start embedding the query (on a thread of the pool; the engine call waits on a
+        socket, so BM25 runs meanwhile). Returns a future of (space, vector) or of why not."""
         engines = self.engines
-        emb = engines.embedder
-        if emb is None or emb.vectors is None:
-            return engines.unavailable("embedding") or "the embedding engine is starting"
-        model = engines.embed_model
+        space = self.vectors.active
+        if space is None:
+            return _done(engines.unavailable("embedding") or "the embedding engine is starting")
         # The query engine, when it runs: the main one may be busy with a bulk batch (or
         # restarting: then the query engine still answers, and the other way round).
-        engine = next((e for e in (engines.query_engine, engines.embed_engine)
-                       if e is not None and e.ready), None)
+        engine = engines.query_engine_ready(space.model)
         if engine is None:
-            return engines.unavailable("embedding") or "the embedding engine is starting"
-        try:
-            qv = engine.client.embed([model.query_prefix + query], timeout=10.0)[0]
-        except (EngineUnavailable, EngineError) as e:
-            return f"the embedding engine is unavailable: {e}"
-        vi = emb.vectors
+            return _done(engines.unavailable("embedding") or "the embedding engine is starting")
+
+        def embed():
+            t = time.perf_counter()
+            try:
+                qv = engine.client.embed([space.model.query_prefix + query], timeout=10.0)[0]
+            except (EngineUnavailable, EngineError) as e:
+                return f"the embedding engine is unavailable: {e}"
+            timings["embed_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+            return space, qv
+
+        return self._pool.submit(embed)
+
+    def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, timings) -> None:
+        t = time.perf_counter()
+        hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters)]
+        if bufs:
+            hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None),
+                          key=lambda h: -h[1])[:n]
+        lists["bm25"] = [cid for cid, _ in hits]
+        for cid, score in hits:
+            parts.setdefault(cid, {})["bm25"] = round(score, 6)
+        timings["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+
+    def _vector_ranking(self, db, embedding, n, filters: Filters, lists, parts,
+                        info, bufs=()) -> str | None:
+        """Fill lists['vector'] from the query's embedding (a future); return why vectors
+        cannot be used, or None."""
+        got = embedding.result()
+        if isinstance(got, str):
+            return got
+        t = time.perf_counter()
+        space, qv = got
+        vi = space.vectors
         files = filters.file_ids(db) if filters.active else None
         ids, cos = vi.search(qv, n, files)
         if bufs:
@@ -203,6 +242,7 @@ class Searcher:
         lists["vector"] = [int(i) for i in ids]
         for cid, c in zip(lists["vector"], cos):
             parts.setdefault(cid, {})["vector"] = round(float(c), 6)
+        info["timings"]["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         return None
 
     def _rerank(self, db, query: str, ranked: list[Candidate], top: list[Candidate],

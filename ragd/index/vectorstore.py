@@ -1,0 +1,492 @@
+"""Where vectors live: the vector spaces, their matrices and the embedding cache on disk.
+
+The daemon makes one VectorStore and hands it to the indexer (which tells it of every commit:
+chunks removed and added), to the embedders (which fill a space's vectors) and to search
+(which reads them). ``engines/`` only runs the model processes.
+
+A space (``Space``) is one embedding model as configured: its fingerprint (file hash + pooling
++ prefixes + the embedded-text version) and a probe vector (a fixed sentence embedded when the
+space was made; a space is reused only when the model still embeds the probe the same way). It
+holds the matrix of the chunks that have a vector (``VectorIndex``: numpy, exact) and the queue
+of texts that lack one. ``active`` answers queries; ``building`` (during a model switch) is
+filled beside it, and becomes active when it covers every chunk.
+
+On disk: ``embeddings`` (space, text hash) -> vector, the content-addressed cache, and a
+snapshot of each space's matrix (``<data_dir>/vectors/space-N.*.npy``) so a restart does not
+read every vector back from SQLite: the snapshot is loaded and checked against the chunks
+table by (chunk id, text hash) — what changed since is read from the cache, nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from ragd.engines.models import ResolvedModel, sha256_file
+from ragd.index import store
+from ragd.index.ann import AnnIndex
+from ragd.index.vectors import VectorIndex, from_blob, to_blob
+
+log = logging.getLogger("ragd.vectors")
+
+PROBE_TEXT = "ragd probe: a quiet harbour at dawn, gulls circling over the fishing boats."
+PROBE_MATCH = 0.999  # cosine between probe vectors for two runs to count as the same space
+MAX_ATTEMPTS = 3
+# What a chunk's vector is made of (chunker.embed_text: header + body). A change to it makes a
+# new vector space, so old and new vectors are never mixed. v2: the body (Obsidian syntax made
+# readable), as embed_hash always said; v1 embedded the raw text.
+EMBED_TEXT_VERSION = 2
+SNAPSHOT_EVERY = 600.0  # seconds between snapshots of a matrix that changed
+
+
+def fingerprint(db: sqlite3.Connection, model: ResolvedModel) -> str:
+    """Model file hash + pooling + prefixes; the file hash is cached by path, size and mtime."""
+    st = model.path.stat()
+    key = f"sha256:{model.path}:{st.st_size}:{st.st_mtime_ns}"
+    row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    if row is None:
+        digest = sha256_file(model.path)
+        with store.transaction(db):
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, digest))
+    else:
+        digest = row[0]
+    parts = (f"{digest}|{model.pooling}|{model.query_prefix}|{model.doc_prefix}|"
+             f"text v{EMBED_TEXT_VERSION}")
+    return hashlib.blake2b(parts.encode(), digest_size=12).hexdigest()
+
+
+class Space:
+    """One vector space: its matrix, and the queue of texts still without a vector."""
+
+    def __init__(self, space_id: int, model: ResolvedModel, vectors: VectorIndex):
+        self.id = space_id
+        self.model = model
+        self.vectors = vectors
+        self.note: str | None = None  # e.g. "the embedding model changed"
+        self.cv = threading.Condition()
+        self.todo: OrderedDict[str, None] = OrderedDict()  # text hashes without a vector
+        self.retry: list[tuple[float, str]] = []  # (when, text hash): refused, try again
+        self.inflight = 0  # hashes taken off the queue, not yet stored
+        self.changed_at = 0.0  # monotonic time the matrix last changed (for snapshots)
+        self.saved_at = 0.0
+        self.ann_ops: list | None = None  # while a graph is built: changes to replay on it
+
+    # the queue ------------------------------------------------------------------------------------
+
+    def pending(self) -> int:
+        with self.cv:
+            return len(self.todo) + len(self.retry) + self.inflight
+
+    def busy(self) -> bool:  # with self.cv held
+        return bool(self.todo or self.retry or self.inflight)
+
+    def idle(self) -> bool:
+        with self.cv:
+            return not self.busy()
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while self.busy():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cv.wait(left)
+        return True
+
+    def queue(self, hashes) -> None:
+        with self.cv:
+            for h in hashes:
+                self.todo[h] = None
+            self.cv.notify_all()
+
+    def take(self, n: int, stop: threading.Event) -> list[str]:
+        """The next hashes to embed; sleeps (no polling) while there are none."""
+        with self.cv:
+            while not stop.is_set():
+                now = time.time()
+                while self.retry and self.retry[0][0] <= now:
+                    self.todo[heapq.heappop(self.retry)[1]] = None
+                if self.todo:
+                    break
+                self.cv.notify_all()  # wait_idle
+                self.cv.wait(self.retry[0][0] - now if self.retry else None)
+            out = []
+            while self.todo and len(out) < n:
+                out.append(self.todo.popitem(last=False)[0])
+            self.inflight += len(out)
+            return out
+
+    def give_back(self, hashes: list[str]) -> None:
+        """Hashes taken but not stored (the engine went away): to the front of the queue."""
+        with self.cv:
+            for h in reversed(hashes):
+                self.todo[h] = None
+                self.todo.move_to_end(h, last=False)
+            self.cv.notify_all()
+
+    def done(self, n: int) -> None:
+        with self.cv:
+            self.inflight -= n
+            self.cv.notify_all()
+
+    def later(self, when: float, h: str) -> None:
+        with self.cv:
+            heapq.heappush(self.retry, (when, h))
+            self.cv.notify_all()
+
+    def wake(self) -> None:
+        with self.cv:
+            self.cv.notify_all()
+
+
+class VectorStore:
+    def __init__(self, data_dir: Path, dtype: str = "float32", ann_threshold: int = 0):
+        self.dir = data_dir / "vectors"
+        self.dtype = dtype
+        # A space with at least this many vectors is searched through an HNSW graph (ann.py);
+        # below it, exactly. 0: always exactly.
+        self.ann_threshold = ann_threshold
+        # Orders matrix updates against the indexer's commits (the indexer's listener lock).
+        self.sync = threading.Lock()
+        self.active: Space | None = None
+        self.building: Space | None = None
+        self.enabled = True  # an embedding model is configured
+        self.embed_now_hook = None  # set by the active space's embedder: (db, records) -> ...
+        self.stored_hook = None  # told of vectors stored with an edit's commit (counts)
+
+    # -- the indexer's listener ---------------------------------------------------------------------
+
+    @property
+    def wants_changes(self) -> bool:
+        return self.enabled
+
+    def spaces(self) -> list[Space]:
+        return [s for s in (self.active, self.building) if s is not None]
+
+    def chunks_changed(self, db: sqlite3.Connection, removed: list[int],
+                       added: list[tuple[int, str, int]]) -> None:
+        """Called after each commit of the indexer, with self.sync held: every open space
+        drops the removed chunks, takes the cached vectors of the added ones, and queues the
+        texts that have none."""
+        for space in self.spaces():
+            if removed:
+                self._remove(space, removed)
+            if not added:
+                continue
+            by_hash: dict[str, list[tuple[int, int]]] = {}
+            for cid, h, fid in added:
+                by_hash.setdefault(h, []).append((cid, fid))
+            found = self._add_cached(db, space, by_hash)
+            missing = [h for h in by_hash if h not in found]
+            if missing:
+                space.queue(missing)
+
+    def embed_now(self, db: sqlite3.Connection, records: list):
+        hook = self.embed_now_hook
+        return hook(db, records) if hook is not None else None
+
+    def put_vectors(self, db: sqlite3.Connection, space: int, rows: list) -> None:
+        """An edit's vectors, embedded before its commit: stored in the caller's transaction."""
+        if rows:
+            insert(db, space, rows)
+            if self.stored_hook is not None:
+                self.stored_hook(rows)
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def cached(db: sqlite3.Connection, space: int, hashes) -> dict[str, np.ndarray]:
+        """The cached vectors of these texts in a space."""
+        out: dict[str, np.ndarray] = {}
+        hs = list(hashes)
+        for i in range(0, len(hs), 500):
+            part = hs[i:i + 500]
+            for h, blob in db.execute(f"SELECT text_hash, vector FROM embeddings WHERE space = ? "
+                                      f"AND text_hash IN ({','.join('?' * len(part))})",
+                                      [space, *part]):
+                out[h] = from_blob(blob)
+        return out
+
+    def _add_cached(self, db: sqlite3.Connection, space: Space,
+                    by_hash: dict[str, list[tuple[int, int]]]) -> set[str]:
+        found = self.cached(db, space.id, by_hash)
+        ids, vecs, files = [], [], []
+        for h, v in found.items():
+            for cid, fid in by_hash[h]:
+                ids.append(cid)
+                vecs.append(v)
+                files.append(fid)
+        if ids:
+            self._add(space, ids, np.vstack(vecs), files)
+        return set(found)
+
+    def _add(self, space: Space, ids: list[int], vecs: np.ndarray, files: list[int]) -> None:
+        """Add rows to a space's vectors (caller holds self.sync)."""
+        space.vectors.add(ids, vecs, files)
+        space.changed_at = time.monotonic()
+        if space.ann_ops is not None:
+            space.ann_ops.append(("add", ids, vecs, files))
+        self._maybe_ann(space)
+
+    def _remove(self, space: Space, ids: list[int]) -> None:
+        space.vectors.remove(ids)
+        space.changed_at = time.monotonic()
+        if space.ann_ops is not None:
+            space.ann_ops.append(("remove", ids))
+
+    # -- exact or approximate -------------------------------------------------------------------------
+
+    def _maybe_ann(self, space: Space) -> None:
+        """A space grown past the threshold gets its graph, built in the background from the
+        matrix (which answers meanwhile); changes made during the build are replayed on it."""
+        if (not self.ann_threshold or space.ann_ops is not None
+                or isinstance(space.vectors, AnnIndex)
+                or len(space.vectors) < self.ann_threshold):
+            return
+        space.ann_ops = []
+        ids, files, mat = space.vectors.export()
+        threading.Thread(target=self._build_ann, args=(space, ids, files, mat),
+                         name="ann-build", daemon=True).start()
+
+    def _build_ann(self, space: Space, ids, files, mat) -> None:
+        t0 = time.monotonic()
+        try:
+            ann = AnnIndex.from_rows(space.vectors.dims, space.id, ids, files, mat, threads=1)
+        except Exception:
+            log.exception("space %d: building its graph failed; it stays exact", space.id)
+            with self.sync:
+                space.ann_ops = None
+            return
+        with self.sync:
+            for op in space.ann_ops or []:
+                if op[0] == "add":
+                    ann.add(op[1], op[2], op[3])
+                else:
+                    ann.remove(op[1])
+            space.vectors, space.ann_ops = ann, None
+            space.changed_at = time.monotonic()
+        log.info("space %d: %d vectors now searched through an HNSW graph (built in %.1fs)",
+                 space.id, len(ann), time.monotonic() - t0)
+
+    def to_matrix(self, db: sqlite3.Connection, space: Space, by_hash: dict) -> None:
+        """Put these texts' vectors (given, or None: read from the cache) into the space's
+        matrix for every chunk that has the text."""
+        with self.sync:
+            rows = db.execute(f"SELECT id, embed_hash, file_id FROM chunks WHERE embed_hash IN "
+                              f"({','.join('?' * len(by_hash))})", list(by_hash)).fetchall()
+            missing = [h for h, v in by_hash.items() if v is None]
+            by_hash.update(self.cached(db, space.id, missing))
+            rows = [r for r in rows if by_hash.get(r[1]) is not None]
+            if rows:
+                self._add(space, [r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]),
+                          [r[2] for r in rows])
+
+    # -- opening a space ----------------------------------------------------------------------------
+
+    def open(self, db: sqlite3.Connection, model: ResolvedModel, probe: np.ndarray,
+             stop: threading.Event | None = None, activate: bool = True,
+             record: str | None = None) -> Space:
+        """Find (by fingerprint and probe) or make the space of this model, load its matrix
+        (from its snapshot when it still agrees with the chunks) and queue what lacks a
+        vector. activate: it becomes the active space (the one search reads)."""
+        fp = fingerprint(db, model)
+        chosen, drift = None, None
+        for sid, blob in db.execute("SELECT id, probe FROM spaces WHERE fingerprint = ? ORDER BY "
+                                    "last_used DESC", (fp,)):
+            cos = float(np.dot(from_blob(blob), probe))
+            if cos >= PROBE_MATCH:
+                chosen = sid
+                break
+            drift = cos
+        now = time.time()
+        previous = db.execute("SELECT value FROM meta WHERE key = 'active_space'").fetchone()
+        with store.transaction(db, stop):
+            if chosen is None:
+                chosen = db.execute(
+                    "INSERT INTO spaces (fingerprint, model, dims, probe, created_at, "
+                    "last_used) VALUES (?, ?, ?, ?, ?, ?)",
+                    (fp, model.name, len(probe), to_blob(probe), now, now)).lastrowid
+                if drift is not None:
+                    log.warning("model %s now embeds the probe differently (cosine %.4f with "
+                                "the stored probe): its old vectors are not used; re-embedding",
+                                model.name, drift)
+            db.execute("UPDATE spaces SET last_used = ? WHERE id = ?", (now, chosen))
+            if activate:
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('active_space', ?)",
+                           (str(chosen),))
+                if record is not None:  # the model in use, so a restart mid-switch resumes
+                    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES "
+                               "('active_model', ?)", (record,))
+        t0 = time.monotonic()
+        space = Space(chosen, model, VectorIndex(len(probe), self.dtype, chosen))
+        if activate and previous is not None and int(previous[0]) != chosen:
+            space.note = (f"the embedding model changed (vector space {previous[0]} -> "
+                          f"{chosen}); old vectors are not used, re-embedding in the background")
+            log.warning("%s", space.note)
+        given_up = {h for (h,) in db.execute(
+            "SELECT text_hash FROM embed_failures WHERE space = ? AND attempts >= ?",
+            (chosen, MAX_ATTEMPTS))}
+        retry = [(last + (1 << attempts), h) for h, attempts, last in db.execute(
+            "SELECT text_hash, attempts, last_try FROM embed_failures WHERE space = ? AND "
+            "attempts < ?", (chosen, MAX_ATTEMPTS))]
+        later = {h for _, h in retry}
+        # Held through the load: a commit of the indexer between this read and the matrix
+        # being in place would otherwise be missed by both.
+        with self.sync:
+            how = self._load(db, space, given_up | later)
+            with space.cv:
+                space.retry = sorted(retry)
+            space.saved_at = space.changed_at = time.monotonic()
+            if activate:
+                self.active = space
+            else:
+                self.building = space
+        log.info("vector space %d (%s, %d dims): %d vectors %s, %d texts to embed, in %.2fs",
+                 chosen, model.name, space.vectors.dims, len(space.vectors), how,
+                 space.pending(), time.monotonic() - t0)
+        return space
+
+    def _load(self, db: sqlite3.Connection, space: Space, skip: set[str]) -> str:
+        """Fill the matrix and the queue: from the snapshot when there is one (then only the
+        chunks it lacks, or holds with another text, are read from the cache), else from the
+        cache in one pass."""
+        rows = db.execute("SELECT id, file_id, embed_hash FROM chunks ORDER BY id").fetchall()
+        cur_ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        cur_files = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        cur_hashes = np.array([r[2] for r in rows], dtype="U32")
+        del rows
+        need = np.ones(len(cur_ids), dtype=bool)
+        snap = self._read_snapshot(space)
+        how = "read from the cache"
+        if snap is not None and len(cur_ids):
+            ids, files, mat, hs = snap
+            pos = np.minimum(np.searchsorted(cur_ids, ids), len(cur_ids) - 1)
+            ok = (cur_ids[pos] == ids) & (cur_hashes[pos] == hs)
+            if isinstance(mat, AnnIndex):  # the graph itself: drop what no longer holds
+                space.vectors = mat
+                mat.remove(ids[~ok].tolist())
+                how = f"from the saved graph, {int((~ok).sum())} dropped"
+            else:
+                space.vectors.add(ids[ok].tolist(), mat[ok], cur_files[pos[ok]].tolist())
+                how = "from the snapshot"
+            need[pos[ok]] = False
+            how += f", {int(need.sum())} read from the cache"
+        todo: OrderedDict[str, None] = OrderedDict()
+        idx = np.flatnonzero(need)
+        for i in range(0, len(idx), 20000):
+            part = idx[i:i + 20000]
+            hashes = cur_hashes[part].tolist()
+            cached = self.cached(db, space.id, set(hashes))
+            have = [k for k, h in zip(part, hashes) if h in cached]
+            if have:
+                self._add(space, cur_ids[have].tolist(),
+                          np.vstack([cached[cur_hashes[k]] for k in have]),
+                          cur_files[have].tolist())
+            for h in hashes:
+                if h not in cached and h not in skip:
+                    todo[h] = None
+        with space.cv:
+            space.todo = todo
+        return how
+
+    # -- snapshots ----------------------------------------------------------------------------------
+
+    def _paths(self, space: Space) -> dict[str, Path]:
+        base = self.dir / f"space-{space.id}"
+        out = {k: base.with_name(f"{base.name}.{k}.npy") for k in ("ids", "files", "vectors",
+                                                                     "hashes")}
+        out["graph"] = base.with_name(f"{base.name}.graph.usearch")
+        return out
+
+    def snapshot(self, db: sqlite3.Connection, space: Space) -> None:
+        """Write the space's matrix to disk (atomically), with each row's text hash."""
+        vi = space.vectors
+        graph = isinstance(vi, AnnIndex)
+        with self.sync:
+            if graph:  # the graph is saved as it is; no vectors file
+                ids, files, mat = vi.export_keys()
+            else:
+                ids, files, mat = vi.export()
+        if not len(ids):
+            return
+        hs = {}
+        for i in range(0, len(ids), 900):
+            part = ids[i:i + 900].tolist()
+            hs.update(db.execute(f"SELECT id, embed_hash FROM chunks WHERE id IN "
+                                 f"({','.join('?' * len(part))})", part).fetchall())
+        keep = np.array([int(i) in hs for i in ids], dtype=bool)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        paths = self._paths(space)
+        arrays = {"ids": ids[keep], "files": files[keep],
+                  "hashes": np.array([hs[int(i)] for i in ids[keep]], dtype="U32")}
+        if graph:
+            vi.save(paths["graph"])
+            paths["vectors"].unlink(missing_ok=True)
+        else:
+            arrays["vectors"] = mat[keep]
+            paths["graph"].unlink(missing_ok=True)
+        for key, arr in arrays.items():
+            tmp = paths[key].with_suffix(".tmp.npy")
+            np.save(tmp, arr)
+            tmp.replace(paths[key])
+        space.saved_at = time.monotonic()
+        log.debug("space %d: snapshot of %d vectors written", space.id, int(keep.sum()))
+
+    def _read_snapshot(self, space: Space):
+        paths = self._paths(space)
+        if paths["graph"].exists():
+            try:
+                ids, files, hs = (np.load(paths[k]) for k in ("ids", "files", "hashes"))
+                graph = AnnIndex.load(paths["graph"], space.vectors.dims, space.id, ids, files)
+            except (OSError, ValueError, RuntimeError) as e:
+                log.warning("space %d: its saved graph cannot be read (%s); rebuilding",
+                            space.id, e)
+                return None
+            if not (len(ids) == len(files) == len(hs)):
+                log.warning("space %d: its saved graph is inconsistent; rebuilding", space.id)
+                return None
+            return ids, files, graph, hs
+        try:
+            arrays = {k: np.load(p, mmap_mode="r" if k == "vectors" else None)
+                      for k, p in paths.items() if k != "graph"}
+        except (OSError, ValueError):
+            return None
+        n = len(arrays["ids"])
+        if not (len(arrays["files"]) == len(arrays["hashes"]) == len(arrays["vectors"]) == n) \
+                or (n and arrays["vectors"].shape[1] != space.vectors.dims):
+            log.warning("space %d: its snapshot is inconsistent; reading the cache", space.id)
+            return None
+        return (arrays["ids"], arrays["files"], np.asarray(arrays["vectors"], dtype=np.float32),
+                arrays["hashes"])
+
+    def snapshot_if_due(self, db: sqlite3.Connection, force: bool = False) -> None:
+        for space in self.spaces():
+            if space.changed_at > space.saved_at and (
+                    force or time.monotonic() - space.saved_at > SNAPSHOT_EVERY):
+                try:
+                    self.snapshot(db, space)
+                except OSError as e:
+                    log.warning("space %d: snapshot not written: %s", space.id, e)
+
+
+def insert(db: sqlite3.Connection, space: int, rows: list) -> None:
+    """rows: (text hash, vector, tokens, truncated). The caller holds the transaction."""
+    now = time.time()
+    db.executemany(
+        "INSERT OR REPLACE INTO embeddings (space, text_hash, vector, tokens, truncated, "
+        "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        [(space, h, to_blob(v), n, int(tr), now) for h, v, n, tr in rows])
+    hashes = [r[0] for r in rows]
+    for i in range(0, len(hashes), 500):
+        part = hashes[i:i + 500]
+        db.execute(f"DELETE FROM embed_failures WHERE space = ? AND text_hash IN "
+                   f"({','.join('?' * len(part))})", [space, *part])

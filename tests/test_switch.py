@@ -1,0 +1,146 @@
+"""Switching the embedding model with zero downtime: the old space answers until the new one
+covers every chunk, then one transaction flips; restarts and kills resume it. Two really
+different spaces: the shared MiniLM GGUF with mean pooling, then with CLS pooling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+
+from conftest import EMBED_MODEL, RERANK_MODEL, engine_config, ragctl, small_vault, wait_embedded
+
+
+def distinct_texts(tmp_path) -> int:
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    return db.execute("SELECT COUNT(DISTINCT embed_hash) FROM chunks").fetchone()[0]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_a_model_switch_never_degrades_search_and_flips_when_complete(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        st = wait_embedded(d)
+        old = st["engines"]["embedding"]
+        s1, n, old_pid = old["space"], old["vectors"], old["pid"]
+        d.config.write_text(d.config.read_text().replace("[embedding]\n",
+                                                         '[embedding]\npooling = "cls"\n'))
+        res = d.call("reload")
+        assert res["embedding"].startswith("switching to") and res["restart_needed"] == []
+        seen_mid = 0
+        deadline = time.monotonic() + 180
+        while True:
+            e = d.call("status")["engines"]["embedding"]
+            sw = e.get("switch")
+            r = d.call("search", query="a kanban board with lanes", mode="hybrid", k=3)
+            if sw is None and e["space"] != s1:
+                break
+            # during the switch: the old space answers, never degraded
+            assert r["degraded"] is False and r["vector_space"] == s1, r
+            if sw is not None and 0 < sw["progress"] < 1:
+                seen_mid += 1
+                assert sw["from_space"] == s1 and sw["to"] and sw["chunks"] == n
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert seen_mid > 0, "never saw the switch under way"
+        st = wait_embedded(d)
+        e = st["engines"]["embedding"]
+        s2 = e["space"]
+        assert s2 != s1 and e["vectors"] == st["sources"][0]["chunks"]
+        r = d.call("search", query="a kanban board with lanes", mode="hybrid", k=3)
+        assert r["vector_space"] == s2 and not r["degraded"]
+        # the new space embedded every distinct live text once
+        assert e["embedded_texts"] == distinct_texts(tmp_path)
+        deadline = time.monotonic() + 15
+        while alive(old_pid):  # the old model's engine stops
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # switching back costs nothing: the old space's vectors are cached
+        r = ragctl("--config", d.config, "models", "use", str(e["model_path"]))
+        d.config.write_text(d.config.read_text().replace('pooling = "cls"\n', ""))
+        d.call("reload")
+        deadline = time.monotonic() + 60
+        while d.call("status")["engines"]["embedding"]["space"] != s1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert wait_embedded(d)["engines"]["embedding"]["embedded_texts"] == 0
+
+
+def test_a_switch_survives_a_restart_and_a_kill(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        s1 = wait_embedded(d)["engines"]["embedding"]["space"]
+        r = ragctl("--config", d.config, "--json", "models", "use", "--cancel")
+        assert r.returncode == 1 and "no model switch" in r.stderr
+        d.config.write_text(d.config.read_text().replace("[embedding]\n",
+                                                         '[embedding]\npooling = "cls"\n'))
+        d.call("reload")
+        deadline = time.monotonic() + 60
+        while not (sw := d.call("status")["engines"]["embedding"].get("switch")) or \
+                sw["vectors"] < 10:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    # stopped mid-switch: a restart resumes it, the old space answering
+    with d:
+        deadline = time.monotonic() + 60
+        while True:  # the old space loaded again (its snapshot), the switch resumed
+            e = d.call("status")["engines"]["embedding"]
+            if e.get("switch") and e.get("space") == s1 and \
+                    e.get("query_engine", {}).get("state") == "ready":
+                break
+            assert time.monotonic() < deadline, e
+            time.sleep(0.05)
+        r = d.call("search", query="custom statuses", mode="hybrid")
+        assert r["vector_space"] == s1 and not r["degraded"], r
+    # killed mid-switch (or at any point): the index is usable and the switch goes on
+    d.start()
+    time.sleep(1.0)  # the fault: a kill at a moment of the switch
+    d.kill()
+    with d:
+        deadline = time.monotonic() + 240
+        while True:  # the switch resumed and runs to its end
+            e = d.call("status")["engines"]["embedding"]
+            if e.get("space") not in (None, s1) and "switch" not in e:
+                break
+            assert time.monotonic() < deadline, e
+            time.sleep(0.1)
+        st = wait_embedded(d)
+        e = st["engines"]["embedding"]
+        assert e["vectors"] == st["sources"][0]["chunks"]
+        r = d.call("search", query="custom statuses", mode="hybrid")
+        assert r["vector_space"] == e["space"] and not r["degraded"]
+
+
+def test_models_use_and_cancel(make_daemon, tmp_path):
+    """ragctl models use PATH switches (the reranker's encoder, mean-pooled, is another vector
+    space); --cancel puts the model in use back in the config and stops the switch."""
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        st = wait_embedded(d)
+        s1 = st["engines"]["embedding"]["space"]
+        r = ragctl("--config", d.config, "models", "use", str(RERANK_MODEL))
+        assert r.returncode == 0 and "switching to" in r.stdout, r.stderr
+        assert f'model = "{RERANK_MODEL}"' in d.config.read_text()
+        r = ragctl("--config", d.config, "status")
+        assert "switching to" in r.stdout, r.stdout
+        r = ragctl("--config", d.config, "models", "use", "--cancel")
+        assert r.returncode == 0 and "cancelled" in r.stdout, r.stdout + r.stderr
+        assert f'model = "{EMBED_MODEL}"' in d.config.read_text()
+        e = d.call("status")["engines"]["embedding"]
+        assert "switch" not in e and e["space"] == s1
+        r = d.call("search", query="custom statuses", mode="hybrid")
+        assert r["vector_space"] == s1 and not r["degraded"]

@@ -1,0 +1,108 @@
+"""Where vectors live: the exact matrix, the HNSW graph past a size, and their snapshots —
+with real MiniLM vectors, and through the real daemon."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import numpy as np
+
+from conftest import engine_config, small_vault, wait_embedded
+from ragd.index.ann import AnnIndex
+from ragd.index.vectors import VectorIndex
+
+
+def real_vectors(tmp_path, make_daemon):
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    rows = db.execute("SELECT c.id, c.file_id, e.vector FROM chunks c JOIN embeddings e ON "
+                      "e.text_hash = c.embed_hash").fetchall()
+    return (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+            np.vstack([np.frombuffer(r[2], dtype="<f4") for r in rows]))
+
+
+def test_the_graph_answers_like_the_matrix_and_follows_edits(tmp_path, make_daemon):
+    ids, files, vecs = real_vectors(tmp_path, make_daemon)
+    exact = VectorIndex(vecs.shape[1])
+    exact.add(ids.tolist(), vecs, files.tolist())
+    ann = AnnIndex.from_rows(vecs.shape[1], 1, ids, files, vecs)
+    assert len(ann) == len(exact) == len(ids)
+    hits = 0
+    for q in vecs[::7]:  # each chunk's own vector as a query
+        a, _ = ann.search(q, 10)
+        e, _ = exact.search(q, 10)
+        hits += len(set(a.tolist()) & set(e.tolist()))
+    assert hits / (10 * len(vecs[::7])) >= 0.98
+    # filters: a few files, ranked exactly; every result in them
+    some = np.unique(files)[:2]
+    a, sa = ann.search(vecs[0], 5, some)
+    e, se = exact.search(vecs[0], 5, some)
+    assert a.tolist() == e.tolist() and np.allclose(sa, se, atol=2e-3)
+    # removal is real; a replaced row takes its new vector; get and nearest_to_any
+    gone = ids[:10].tolist()
+    assert ann.remove(gone) == 10 and not any(g in ann for g in gone)
+    assert not set(ann.search(vecs[0], 50)[0].tolist()) & set(gone)
+    ann.add([int(ids[20])], vecs[21:22], [int(files[21])])
+    found, got = ann.get([int(ids[20])])
+    assert found == [int(ids[20])] and np.dot(got[0], vecs[21]) > 0.999
+    near = ann.nearest_to_any(vecs[30:33], 5, exclude_files=[int(files[30])])
+    assert near and all(f != int(files[30]) for _, f, _, _ in near)
+    # saved and loaded: the same answers
+    ann.save(tmp_path / "g.usearch")
+    k_ids, k_files, _ = ann.export_keys()
+    back = AnnIndex.load(tmp_path / "g.usearch", vecs.shape[1], 1, k_ids, k_files)
+    assert len(back) == len(ann)
+    assert back.search(vecs[40], 5)[0].tolist() == ann.search(vecs[40], 5)[0].tolist()
+
+
+def test_the_daemon_moves_to_a_graph_past_its_threshold_and_restarts_from_snapshots(
+        make_daemon, tmp_path):
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="ann_threshold = 50\n"))
+    log = tmp_path / "data" / "ragd.log"
+    with d:
+        st = wait_embedded(d)
+        n = st["engines"]["embedding"]["vectors"]
+        deadline = time.monotonic() + 60
+        while "searched through an HNSW graph" not in log.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        res = d.call("search", query="a kanban board of cards in lanes", mode="vector", k=3)
+        assert res["results"][0]["path"].endswith("Kanban Plugin.md")
+        note = root / "Fresh.md"
+        note.write_text("# Fresh\n\nA note about sourdough starters and rye flour.\n")
+        hits = d.call("search", query="baking bread with a sourdough starter", mode="vector",
+                      k=1, wait=20)["results"]
+        assert hits[0]["path"] == str(note)  # an edit reaches the graph, no rebuild
+        assert d.call("status")["engines"]["embedding"]["vectors"] == n + 1
+    text = log.read_text()
+    assert text.count("searched through an HNSW graph") == 1
+    with d:  # restart: the saved graph, nothing read back from the cache, nothing embedded
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["vectors"] == n + 1
+        assert st["engines"]["embedding"]["embedded_texts"] == 0
+        assert "from the saved graph, 0 dropped, 0 read from the cache" in log.read_text()
+        hits = d.call("search", query="baking bread with a sourdough starter", mode="vector",
+                      k=1)["results"]
+        assert hits[0]["path"] == str(note)
+    assert log.read_text().count("searched through an HNSW graph") == 1  # not rebuilt
+
+
+def test_a_restart_loads_the_matrix_snapshot(make_daemon, tmp_path):
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        n = wait_embedded(d)["engines"]["embedding"]["vectors"]
+    (root / "How To" / "Set up custom statuses.md").unlink()  # changed while ragd was down
+    with d:
+        st = wait_embedded(d)
+        text = (tmp_path / "data" / "ragd.log").read_text()
+        assert "from the snapshot, 0 read from the cache" in text
+        assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"] < n
