@@ -321,6 +321,8 @@ def do_status(args) -> int:
                         f"{todo} texts to embed" if todo else "every chunk embedded")
                 pct = f" ({100 * min(e['vectors'], chunks) / chunks:.0f}%)" if chunks else ""
                 line += f"  {e['vectors']} vectors{pct}, {left} ({e['embedder']})"
+            if role == "generator" and e.get("context"):
+                line += f"  context {e['context']}"
             print(line)
             sw = e.get("switch")
             if sw:
@@ -397,6 +399,54 @@ def do_search(args) -> int:
     out = {k: res[k] for k in ("query", "mode", "elapsed_ms", "results")}
     out.update({k: v for k, v in res.items() if k not in out})
     emit(args, out, human)
+    return 0
+
+
+def do_ask(args) -> int:
+    """A grounded answer from the notes, streamed as it comes, then its sources."""
+    question = " ".join(args.question)
+    if not question.strip():
+        raise Fail("empty question: say what to ask", 2)
+    kw = {"question": question}
+    for key in ("k", "max_tokens", "path", "tag"):
+        if getattr(args, key, None) is not None:
+            kw[key] = getattr(args, key)
+    if args.source:
+        kw["sources"] = args.source
+    stream = not args.json
+    result = None
+    wrote = False
+    with connect(args, timeout=None) as c:
+        req = c.send("ask", **kw)
+        try:
+            for reply in c.replies(req):
+                if reply.get("final", True):
+                    result = reply["result"]
+                elif stream and "delta" in reply["result"]:
+                    sys.stdout.write(reply["result"]["delta"])
+                    sys.stdout.flush()
+                    wrote = True
+        except P.DaemonError:
+            if wrote:  # the error goes on a line of its own, after the broken-off answer
+                print("\n[the answer was cut off]")
+            raise
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False))
+        return 0
+    if not result.get("grounded"):
+        print(("\n" if wrote else "") + result["answer"])
+        print(f"({result.get('reason')})")
+        return 0
+    if not wrote:  # an answer streamed by none of the replies (an older daemon)
+        sys.stdout.write(result["answer"])
+    print()
+    print()
+    used, found = result.get("used", 0), result.get("retrieved", 0)
+    print(f"Sources ({used} of the {found} notes found were given to the model"
+          + (", the last one cut to fit" if any(s.get("cut") for s in result["sources"])
+             else "") + "):")
+    for cit in result["citations"]:
+        print(f"  [{cit['n']}] {_one_line(cit['path'])}:{cit['line_start']}-{cit['line_end']}")
     return 0
 
 
@@ -785,6 +835,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true",
                    help="say why each result ranked: each signal's rank and score")
     p.set_defaults(func=do_search)
+    p = sub.add_parser("ask", parents=[common],
+                       help="a grounded answer from your notes, citing them (needs [generator])")
+    p.add_argument("question", nargs="+", help="the question (quotes optional)")
+    p.add_argument("-k", type=int, help="notes to retrieve (default: generator.notes)")
+    p.add_argument("--max-tokens", type=int, dest="max_tokens", metavar="N",
+                   help="longest answer in tokens (default: generator.max_tokens)")
+    p.add_argument("--source", action="append", metavar="NAME",
+                   help="only notes of this source (repeatable)")
+    p.add_argument("--path", metavar="GLOB", help="only files whose path matches, e.g. "
+                                                  "'Projects/*'")
+    p.add_argument("--tag", metavar="TAG", help="only notes with this tag")
+    p.set_defaults(func=do_ask)
     p = sub.add_parser("get", parents=[common],
                        help="print a file of a source, or lines of it (PATH:START-END)")
     p.add_argument("path", metavar="PATH[:START[-END]]",

@@ -75,8 +75,9 @@ INSTRUCTIONS = (
     "ragd searches the user's own notes and documents on this machine (Obsidian vaults and "
     "folders), kept up to date as files change. Call `search` first (keywords and meaning, "
     "fused); every hit gives a file path and a line range. Call `get` with `path:START-END` "
-    "to read a hit with what surrounds it, or a whole file. `status` lists the sources (their "
-    "names restrict `search`) and says whether indexing has caught up.")
+    "to read a hit with what surrounds it, or a whole file. `related` finds the notes closest "
+    "to a note (or a passage). `status` lists the sources (their names restrict `search`) and "
+    "says whether indexing has caught up.")
 
 
 class RpcError(Exception):
@@ -234,8 +235,8 @@ class Daemon:
 
 # ---------------------------------------------------------------------------------------------
 # Tools. Each returns (structuredContent, readable text); a ToolError becomes an isError result.
-# TODO(issue 12, second half): a `related` tool (notes close to a given note) once the daemon
-# has a `related` op to answer it; this bridge adds nothing the daemon cannot answer.
+# This bridge adds nothing the daemon cannot answer: each tool is one op (search, get, status,
+# related).
 
 @dataclass
 class Tool:
@@ -447,6 +448,61 @@ def status_text(out: dict) -> str:
     return "\n".join(lines)
 
 
+RELATED_ARGS: dict[str, dict] = {
+    "path": {"type": "string", "minLength": 1,
+             "description": "Absolute path of an indexed note (as search results give it): the "
+                            "notes most like it. Give this or 'text'."},
+    "text": {"type": "string", "minLength": 1,
+             "description": "A passage (e.g. a draft): the notes most like it. Give this or "
+                            "'path'."},
+    "k": {"type": "integer", "minimum": 1, "maximum": 50,
+          "description": "How many notes (default 10)."},
+}
+
+_SPAN = _object({"line_start": _INT, "line_end": _INT}, required=("line_start", "line_end"))
+_RELATED_HIT = _object({
+    **{k: v for k, v in _HIT["properties"].items()},
+    "title": {"type": "string", "description": "the note's title"},
+    "link": _object({"from": {**_SPAN, "description": "the lines of the asked note (or text) "
+                                                       "that are closest"},
+                     "to": {**_SPAN, "description": "the lines of this note they are close "
+                                                    "to"}},
+                    required=("from", "to")),
+}, required=("path", "source", "line_start", "line_end", "heading", "score", "text", "link"),
+    closed=False)
+
+RELATED_OUT = _object({
+    "of": {**_OPT_STR, "description": "the note asked about (null for a text)"},
+    "reason": {**_OPT_STR, "description": "why there are no results"},
+    "results": {"type": "array", "items": _RELATED_HIT},
+}, required=("of", "results"), closed=False)
+
+
+def run_related(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
+    if ("path" in args) == ("text" in args):
+        raise BadArguments("give either 'path' (a note) or 'text' (a passage), not both")
+    want = {k: args[k] for k in RELATED_ARGS if k in args}
+    res = daemon.call(call, "related", **want)
+    keys = _RELATED_HIT["properties"]
+    hits = [{k: r[k] for k in keys if k in r} for r in res["results"]]
+    out = {"of": res.get("of"), "reason": res.get("reason"), "results": hits}
+    return out, related_text(out)
+
+
+def related_text(out: dict) -> str:
+    what = out["of"] or "the text given"
+    if not out["results"]:
+        return f"No notes related to {what} ({out['reason'] or 'none found'})."
+    n = len(out["results"])
+    lines = [f"{n} note{'s' * (n != 1)} related to {what}, closest first:"]
+    for i, h in enumerate(out["results"], 1):
+        frm = h["link"]["from"]
+        lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']} — "
+                      f"{h.get('title') or h['heading']}  (similarity {h['score']:.3f}; close to "
+                      f"lines {frm['line_start']}-{frm['line_end']} of {what})", h["text"]]
+    return "\n".join(lines)
+
+
 TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("search", "Search notes and documents",
          "Search the user's notes and documents indexed by ragd. Returns passages with their "
@@ -460,6 +516,11 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
          "What ragd indexes and how fresh it is: sources with their file and chunk counts, "
          "indexing lag, and the state of the embedding and reranking engines.",
          _object({}), STATUS_OUT, run_status),
+    Tool("related", "Notes related to a note",
+         "The user's notes closest in meaning to a given note (by path) or to a passage of "
+         "text, the note itself left out: each with the pair of line ranges that link them "
+         "and the matching passage. Needs the daemon's embedding model.",
+         _object(RELATED_ARGS), RELATED_OUT, run_related),
 )}
 
 for _tool in TOOLS.values():

@@ -84,6 +84,13 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "top": (int, 20),
         "budget_ms": (int, 4000),
     },
+    "generator": {
+        "model": (str, ""),
+        "context": (int, 4096),
+        "max_tokens": (int, 512),
+        "notes": (int, 6),
+        "temperature": (float, 0.0),
+    },
 }
 SEARCH_MODES = ("hybrid", "vector", "bm25")
 POOLINGS = ("", "mean", "cls", "last", "rank", "none")
@@ -144,6 +151,11 @@ class Config:
     reranker_pooling: str = ""
     rerank_top: int = 20
     rerank_budget_ms: int = 4000
+    generator_model: str = ""
+    generator_context: int = 4096
+    generator_max_tokens: int = 512
+    generator_notes: int = 6
+    generator_temperature: float = 0.0
     hub_url: str = ""
     gc_grace_hours: float = 24.0
     gc_interval_hours: float = 1.0
@@ -154,7 +166,8 @@ class Config:
     sources: list[Source] = field(default_factory=list)
 
     def pooling_for(self, role: str) -> str | None:
-        return (self.embedding_pooling if role == "embedding" else self.reranker_pooling) or None
+        return {"embedding": self.embedding_pooling,
+                "reranker": self.reranker_pooling}.get(role) or None
 
     @property
     def db_path(self) -> Path:
@@ -255,6 +268,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("embedding", "ann_threshold", 0),
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
                             ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
+                            ("generator", "context", 512), ("generator", "max_tokens", 1),
+                            ("generator", "notes", 1), ("generator", "temperature", 0),
                             ("gc", "grace_hours", 0), ("gc", "interval_hours", 0.01),
                             ("watch", "scan_interval", 1),
                             ("watch", "unwatched_scan_interval", 1)):
@@ -280,6 +295,10 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
     if values["engines"]["llama_server"]:
         _existing_file(where, "engines.llama_server", values["engines"]["llama_server"])
     se, en, em, rr = values["search"], values["engines"], values["embedding"], values["reranker"]
+    ge = values["generator"]
+    if ge["max_tokens"] >= ge["context"]:
+        raise ConfigError(f"{where}: generator.max_tokens ({ge['max_tokens']}) must be smaller "
+                          f"than generator.context ({ge['context']}): the prompt needs room too")
     return Config(path=path, data_dir=data_dir, socket=sock, log_level=d["log_level"],
                   max_connections=d["max_connections"],
                   chunk_tokens=values["index"]["chunk_tokens"] or _auto_budget(
@@ -300,6 +319,9 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   max_buffers_per_client=values["buffers"]["max_per_client"],
                   reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
                   rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],
+                  generator_model=ge["model"], generator_context=ge["context"],
+                  generator_max_tokens=ge["max_tokens"], generator_notes=ge["notes"],
+                  generator_temperature=ge["temperature"],
                   gc_grace_hours=values["gc"]["grace_hours"],
                   gc_interval_hours=values["gc"]["interval_hours"],
                   watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],

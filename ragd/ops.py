@@ -33,7 +33,7 @@ from ragd.index.vectorstore import VectorStore
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
-from ragd.search import bm25, notes
+from ragd.search import ask, bm25, notes
 from ragd.search.filters import Filters
 from ragd.search.hybrid import MODES, Searcher
 from ragd.engines import download, models
@@ -61,6 +61,8 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "buffer_set": {"path": (str, REQUIRED), "text": (str, REQUIRED), "version": (int, None)},
     "buffer_drop": {"path": (str, REQUIRED)},
     "related": {"path": (str, None), "text": (str, None), "k": (int, 10)},
+    "ask": {"question": (str, REQUIRED), "k": (int, None), "max_tokens": (int, None),
+            "sources": (list, None), "path": (str, None), "tag": (str, None)},
     "reload": {},
     "stop": {},
 }
@@ -497,7 +499,8 @@ class Ops:
             raise OpError(P.UNAVAILABLE, f"gc: the index cannot be written: {e}") from None
 
     def cmd_models(self) -> dict:
-        configured = {"embedding": self.cfg.embedding_model, "reranker": self.cfg.reranker_model}
+        configured = {"embedding": self.cfg.embedding_model, "reranker": self.cfg.reranker_model,
+                      "generator": self.cfg.generator_model}
         return {"models": models.list_models(self.cfg.data_dir), "configured": configured,
                 "dir": str(models.models_dir(self.cfg.data_dir))}
 
@@ -647,6 +650,13 @@ class Ops:
                 hit = next((b for b in self.buffers.active() if b.note_id == f), None)
                 out[f] = hit.title if hit else None
         return out
+
+    def cmd_ask(self, question: str, k: int | None, max_tokens: int | None,
+                sources: list | None, path: str | None, tag: str | None):
+        """A grounded answer from the notes: retrieval as search does, then the generator
+        answers from the notes found alone, citing them (ragd/search/ask.py). Streams the
+        notes used and the answer's text, then the answer with its citations."""
+        return ask.ask(self, question, k, max_tokens, sources, path, tag)
 
     @property
     def embedder(self):

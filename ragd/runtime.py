@@ -31,7 +31,8 @@ log = logging.getLogger("ragd")
 LIVE = ("search_k", "search_candidates", "search_mode", "rrf_k", "min_similarity", "rerank",
         "rerank_top", "rerank_budget_ms", "hub_url", "max_buffers_per_client", "gc_grace_hours", "gc_interval_hours",
         "watch_quiet_ms", "scan_interval", "unwatched_scan_interval", "max_file_bytes",
-        "chunk_tokens", "chunk_overlap", "log_level")
+        "chunk_tokens", "chunk_overlap", "log_level", "generator_max_tokens", "generator_notes",
+        "generator_temperature")
 RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "max_connections": "daemon.max_connections", "llama_server": "engines.llama_server",
            "engine_threads": "engines.threads", "engine_startup_timeout": "engines.startup_timeout",
@@ -42,7 +43,8 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "vector_dtype": "embedding.vector_dtype", "query_engine": "embedding.query_engine",
            "ann_threshold": "embedding.ann_threshold",
            "reranker_model": "reranker.model",
-           "reranker_pooling": "reranker.pooling", "watch": "watch.enabled"}
+           "reranker_pooling": "reranker.pooling", "watch": "watch.enabled",
+           "generator_model": "generator.model", "generator_context": "generator.context"}
 
 
 MODEL_FIELDS = ("embedding_model", "embedding_pooling", "embedding_query_prefix",

@@ -49,7 +49,7 @@ CMAKE_FLAGS = [
 ]
 # What ragd's command line needs of the binary (checked in its --help before it is cached).
 NEEDED_FLAGS = ["--embedding", "--reranking", "--pooling", "--ubatch-size", "--parallel",
-                "--no-webui", ".sock"]
+                "--no-webui", ".sock", "--jinja", "--cache-ram"]
 
 
 class NativeBuildError(Exception):

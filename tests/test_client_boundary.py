@@ -29,7 +29,8 @@ def test_ragctl_imports_only_the_protocol():
 def test_every_command_has_help():
     sub = next(a for a in parser()._actions if a.dest == "command")
     helps = {c.dest: c.help for c in sub._choices_actions}
-    assert set(helps) == {"start", "stop", "status", "search", "get", "mcp", "reindex", "sources",
+    assert set(helps) == {"start", "stop", "status", "search", "ask", "get", "mcp", "reindex",
+                          "sources",
                           "reload", "service", "eval",
                           "models", "files", "gc", "watch"}
     assert all(helps.values()), helps

@@ -78,6 +78,10 @@ def test_default_paths(tmp_path):
      "two sources are named 'n'"),
     ("[[sources]]\nname = 'n'\npath = 'relative/dir'\n", "must be an absolute path"),
     ("this is = not toml =\n", "not valid TOML"),
+    ("[generator]\ncontext = 300\n", "generator.context must be at least 512, got 300"),
+    ("[generator]\ncontext = 1024\nmax_tokens = 1024\n",
+     "generator.max_tokens (1024) must be smaller than generator.context (1024)"),
+    ("[generator]\ntemperature = 'hot'\n", "generator.temperature must be a number"),
 ])
 def test_config_errors_name_the_key_and_the_file(tmp_path, text, needle):
     f = tmp_path / "config.toml"

@@ -167,7 +167,7 @@ def test_handshake_era(daemon, vault, tmp_path, version):
         listing = m.result("tools/list")
         assert "resultType" not in listing and "ttlMs" not in listing
         tools = tool_schemas(listing["tools"])
-        assert list(tools) == ["search", "get", "status"]
+        assert list(tools) == ["search", "get", "status", "related"]
         for t in tools.values():
             assert t["annotations"]["readOnlyHint"] is True
             assert t["inputSchema"]["type"] == "object" and t["outputSchema"]["type"] == "object"
@@ -217,7 +217,7 @@ def test_stateless_era(daemon, vault, tmp_path):
 
         listing = m.result("tools/list", meta())
         assert listing["resultType"] == "complete" and listing["ttlMs"] > 0
-        assert [t["name"] for t in listing["tools"]] == ["search", "get", "status"]
+        assert [t["name"] for t in listing["tools"]] == ["search", "get", "status", "related"]
         tools = tool_schemas(listing["tools"])
 
         res = m.call("search", {"query": PHRASE, "k": 2}, modern=True)
@@ -275,7 +275,8 @@ def test_tool_errors_while_ragd_is_not_running(make_daemon, vault, tmp_path):
     with Mcp("--config", d.config, tmp=tmp_path) as m:
         m.initialize()
         for tool, args in (("status", {}), ("search", {"query": "kanban"}),
-                           ("get", {"path": str(vault / NOTE)})):
+                           ("get", {"path": str(vault / NOTE)}),
+                           ("related", {"path": str(vault / NOTE)})):
             res = m.call(tool, args)
             assert res["isError"] is True and "structuredContent" not in res
             assert text_of(res) == (f"ragd is not running (no daemon at {d.socket}). Start it "
@@ -286,6 +287,8 @@ def test_tool_errors_while_ragd_is_not_running(make_daemon, vault, tmp_path):
             res = m.call("search", {"query": PHRASE})
             assert res["isError"] is False
             assert res["structuredContent"]["results"][0]["path"] == str(vault / NOTE)
+            res = m.call("related", {"path": str(vault / NOTE)})  # no embedding model here
+            assert res["isError"] is True and "no vectors" in text_of(res)
         res = m.call("status")  # and goes away again
         assert res["isError"] is True and "not running" in text_of(res)
         assert m.close() == 0
@@ -463,6 +466,35 @@ def test_hybrid_search_with_the_real_engine(make_daemon, vault, tmp_path):
             emb = st["engines"]["embedding"]
             assert emb["state"] == "ready" and emb["vectors"] > 0 and emb["pending_texts"] == 0
             assert "embedding engine: ready" in text_of(m.call("status", modern=True))
+
+            # related: the notes closest to a note, itself left out; the same as the daemon's
+            # related op says, checked against the tool's output schema.
+            schema = tool_schemas(m.result("tools/list", meta())["tools"])["related"]
+            res = m.call("related", {"path": str(vault / NOTE), "k": 4}, modern=True)
+            out = res["structuredContent"]
+            assert res["isError"] is False and out["of"] == str(vault / NOTE)
+            jsonschema.validate(out, schema["outputSchema"])
+            direct = d.call("related", path=str(vault / NOTE), k=4)
+            assert [h["path"] for h in out["results"]] == [r["path"] for r in direct["results"]]
+            assert 1 <= len(out["results"]) <= 4
+            assert str(vault / NOTE) not in [h["path"] for h in out["results"]]
+            for h in out["results"]:
+                assert h["link"]["to"] == {"line_start": h["line_start"],
+                                           "line_end": h["line_end"]}
+            text = text_of(res)
+            assert text.startswith(f"{len(out['results'])} notes related to {vault / NOTE}")
+            assert out["results"][0]["path"] in text
+            # a passage instead of a note: a kanban passage finds the kanban note
+            res = m.call("related", {"text": "A board with columns of cards, each card a task "
+                                             "in a markdown file: kanban."}, modern=True)
+            assert res["isError"] is False and res["structuredContent"]["of"] is None
+            assert str(vault / NOTE) in [h["path"] for h in res["structuredContent"]["results"]]
+            res = m.call("related", {"path": str(vault / NOTE), "text": "x"}, modern=True)
+            assert res["isError"] and "either 'path'" in text_of(res)
+            res = m.call("related", {}, modern=True)
+            assert res["isError"] and "either 'path'" in text_of(res)
+            res = m.call("related", {"path": "/not/in/any/source.md"}, modern=True)
+            assert res["isError"] and "not in any source" in text_of(res)
             assert m.close() == 0
 
 
@@ -483,7 +515,7 @@ def test_sdk_client(daemon, vault, mode, version):
         async with sdk_session(mode, "--config", daemon.config) as c:
             assert c.session.protocol_version == version
             tools = (await c.list_tools()).tools
-            assert [t.name for t in tools] == ["search", "get", "status"]
+            assert [t.name for t in tools] == ["search", "get", "status", "related"]
             assert all(t.annotations.read_only_hint for t in tools)
 
             # The SDK checks structuredContent against each tool's outputSchema.

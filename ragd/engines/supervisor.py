@@ -1,4 +1,4 @@
-"""Supervision of one llama.cpp server per role (embedding, reranker).
+"""Supervision of one llama.cpp server per role (embedding, reranker, generator).
 
 Each engine is a child process: the native ``llama-server`` when the config names one, else the
 bundled engine (ragd/engines/bundled.py). Both are started, health-checked and stopped the same
@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragd.engines.bundled import PROMPT_CACHE_MIB
 from ragd.engines.client import EngineClient
 from ragd.engines.models import ResolvedModel
 from ragd.workers import Worker
@@ -72,9 +73,19 @@ def command(role: str, model: ResolvedModel, sock: Path, settings: EngineSetting
     ending in .sock: no TCP port); a context, batch and micro-batch of the model's context, so
     that one text of up to that many tokens is one micro-batch (an embedding model needs its
     whole input in one); one slot; the pooling search expects; --embedding, or --reranking for
-    the reranker (/v1/rerank); no web UI. Checked against llama.cpp as vendored in
-    llama-cpp-python 0.3.36 (tests/native_server.py)."""
+    the reranker (/v1/rerank); no web UI. The generator (chat completions): the context only
+    (batches as the server likes), the GGUF's chat template through Jinja, and a small prompt
+    cache. Checked against llama.cpp as vendored in llama-cpp-python 0.3.36
+    (tests/native_server.py)."""
     ctx = str(model.context)
+    if role == "generator":
+        if settings.llama_server:
+            return [settings.llama_server, "-m", str(model.path), "--host", str(sock),
+                    "-c", ctx, "-np", "1", "-t", str(settings.threads), "--jinja",
+                    "--cache-ram", str(PROMPT_CACHE_MIB), "--no-webui"]
+        return [sys.executable, "-m", "ragd.engines.bundled", "--model", str(model.path),
+                "--host", str(sock), "--role", "generator", "--ctx-size", ctx,
+                "--threads", str(settings.threads)]
     if settings.llama_server:
         cmd = [settings.llama_server, "-m", str(model.path), "--host", str(sock),
                "-c", ctx, "-b", ctx, "-ub", ctx, "-np", "1", "-t", str(settings.threads),
