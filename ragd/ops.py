@@ -673,6 +673,7 @@ class Ops:
                 "embedder": emb.status, "space": emb.space_id,
                 "space_note": space.note if space is not None else None,
                 "vectors": len(space.vectors) if space is not None else 0,
+                "vector_index": space.searched_by() if space is not None else None,
                 "pending_texts": emb.pending(),
                 "embedded_texts": s.texts, "embedded_tokens": s.tokens,
                 "truncated": s.truncated, "failed": s.failed,

@@ -3,6 +3,7 @@ with real MiniLM vectors, and through the real daemon."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 
@@ -106,3 +107,24 @@ def test_a_restart_loads_the_matrix_snapshot(make_daemon, tmp_path):
         text = (tmp_path / "data" / "ragd.log").read_text()
         assert "from the snapshot, 0 read from the cache" in text
         assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"] < n
+        assert st["engines"]["embedding"]["vector_index"] == "exact"
+
+
+def test_vectors_read_from_the_cache_are_snapshotted(make_daemon, tmp_path):
+    """No snapshot on disk (an upgrade, a deleted folder): the vectors are read from the cache
+    once, and the stop writes the snapshot, so the next start reads nothing back."""
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    log = tmp_path / "data" / "ragd.log"
+    with d:
+        n = wait_embedded(d)["engines"]["embedding"]["vectors"]
+    shutil.rmtree(tmp_path / "data" / "vectors")
+    with d:
+        wait_embedded(d)
+        assert f"{n} vectors read from the cache" in log.read_text()
+    assert any((tmp_path / "data" / "vectors").iterdir())
+    with d:
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["vectors"] == n
+        assert log.read_text().count("from the snapshot, 0 read from the cache") == 1

@@ -81,6 +81,12 @@ class Space:
 
     # the queue ------------------------------------------------------------------------------------
 
+    def searched_by(self) -> str:
+        """How its vectors are searched: "exact", "hnsw", or "exact (building hnsw)"."""
+        if isinstance(self.vectors, AnnIndex):
+            return "hnsw"
+        return "exact (building hnsw)" if self.ann_ops is not None else "exact"
+
     def pending(self) -> int:
         with self.cv:
             return len(self.todo) + len(self.retry) + self.inflight
@@ -342,10 +348,12 @@ class VectorStore:
         # Held through the load: a commit of the indexer between this read and the matrix
         # being in place would otherwise be missed by both.
         with self.sync:
-            how = self._load(db, space, given_up | later)
+            how, stale = self._load(db, space, given_up | later)
             with space.cv:
                 space.retry = sorted(retry)
             space.saved_at = space.changed_at = time.monotonic()
+            if stale:  # the snapshot lacks what was read from the cache: written at the next tick
+                space.saved_at = 0.0
             if activate:
                 self.active = space
             else:
@@ -355,10 +363,10 @@ class VectorStore:
                  space.pending(), time.monotonic() - t0)
         return space
 
-    def _load(self, db: sqlite3.Connection, space: Space, skip: set[str]) -> str:
+    def _load(self, db: sqlite3.Connection, space: Space, skip: set[str]) -> tuple[str, bool]:
         """Fill the matrix and the queue: from the snapshot when there is one (then only the
         chunks it lacks, or holds with another text, are read from the cache), else from the
-        cache in one pass."""
+        cache in one pass. Returns how, and whether the snapshot on disk is behind the matrix."""
         rows = db.execute("SELECT id, file_id, embed_hash FROM chunks ORDER BY id").fetchall()
         cur_ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
         cur_files = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
@@ -380,6 +388,9 @@ class VectorStore:
                 how = "from the snapshot"
             need[pos[ok]] = False
             how += f", {int(need.sum())} read from the cache"
+            stale = bool(need.any() or not ok.all())
+        else:
+            stale = bool(len(cur_ids))
         todo: OrderedDict[str, None] = OrderedDict()
         idx = np.flatnonzero(need)
         for i in range(0, len(idx), 20000):
@@ -396,7 +407,7 @@ class VectorStore:
                     todo[h] = None
         with space.cv:
             space.todo = todo
-        return how
+        return how, stale
 
     # -- snapshots ----------------------------------------------------------------------------------
 
