@@ -223,7 +223,8 @@ class Runtime:
             try:
                 res = gc.sweep(db, cfg.gc_grace_hours * 3600)
                 if res.deleted or res.marked:
-                    log.info("gc: %d cache entries deleted (%d bytes), %d newly unused, %d "
+                    # deleting is news; marking what recent edits left unused is routine
+                    log.log(logging.INFO if res.deleted else logging.DEBUG, "gc: %d cache entries deleted (%d bytes), %d newly unused, %d "
                              "waiting out the grace period", res.deleted, res.bytes_freed,
                              res.marked, res.waiting)
             except Exception:
