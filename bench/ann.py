@@ -1,0 +1,106 @@
+"""Exact matrix against the HNSW graph, on the vectors of a built index: recall and latency.
+
+    python bench/ann.py --index DIR/data/index.sqlite3 [--queries 200] [--sizes 10000,100000]
+
+Vectors: every chunk's vector of the index's active space (for an index from bench/scale.py,
+2,000 real MiniLM vectors of distinct base texts and noisy copies of them; for an index of a
+vault, all real). Queries: the dev-set questions and SciFact test claims, embedded by the real
+engine (the model of the index). For each size (the first N chunks): the exact product
+(ragd/index/vectors.py, float32) and the graph (ragd/index/ann.py: usearch HNSW, float16,
+M=32, ef=128), both through ragd's own classes, single-threaded queries.
+
+Prints per size: recall@10 of the graph against the exact top 10 (mean over the queries), the
+p50 and p95 query time of each, the graph's build time, and the ratio exact / graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import EMBED_MODEL, pct, save
+from scale import queries
+from ragd.engines.models import ResolvedModel
+from ragd.engines.supervisor import Engine, EngineSettings
+from ragd.index.ann import AnnIndex
+from ragd.index.vectors import VectorIndex, from_blob
+
+
+def load(index: Path, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    db = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    space = int(db.execute("SELECT value FROM meta WHERE key = 'active_space'").fetchone()[0])
+    rows = db.execute("SELECT c.id, c.file_id, e.vector FROM chunks c JOIN embeddings e ON "
+                      "e.space = ? AND e.text_hash = c.embed_hash ORDER BY c.id LIMIT ?",
+                      (space, limit)).fetchall()
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    files = np.array([r[1] for r in rows], dtype=np.int64)
+    mat = np.vstack([from_blob(r[2]) for r in rows]).astype(np.float32)
+    return ids, files, mat
+
+
+def embed(qs: list[str], model_path: Path) -> np.ndarray:
+    model = ResolvedModel(model_path.stem, model_path, "embedding", "mean", 512, "", "", 0.0,
+                          None)
+    work = Path(tempfile.mkdtemp(prefix="ragd-ann-"))
+    engine = Engine("query", model, EngineSettings(), work / "run", work / "logs")
+    engine.start()
+    assert engine.wait_ready(120), engine.tail_log()
+    try:
+        return np.vstack([engine.client.embed([q])[0] for q in qs]).astype(np.float32)
+    finally:
+        engine.stop()
+
+
+def timed_search(index, qv: np.ndarray, k: int) -> tuple[list[set], list[float]]:
+    tops, lat = [], []
+    for q in qv[:5]:
+        index.search(q, k)
+    for q in qv:
+        t = time.perf_counter()
+        ids, _ = index.search(q, k)
+        lat.append((time.perf_counter() - t) * 1e3)
+        tops.append(set(ids.tolist()))
+    return tops, lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--index", type=Path, required=True)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--model", type=Path, default=EMBED_MODEL)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ids, files, mat = load(args.index, max(sizes))
+    qv = embed(queries(args.queries), args.model)
+    out = []
+    for n in sizes:
+        n = min(n, len(ids))
+        exact = VectorIndex(mat.shape[1])
+        exact.add(ids[:n].tolist(), mat[:n], files[:n].tolist())
+        t = time.perf_counter()
+        graph = AnnIndex.from_rows(mat.shape[1], None, ids[:n], files[:n], mat[:n], threads=1)
+        build_s = time.perf_counter() - t
+        ex_tops, ex_lat = timed_search(exact, qv, 10)
+        gr_tops, gr_lat = timed_search(graph, qv, 10)
+        recall = float(np.mean([len(a & b) / max(1, len(a)) for a, b in zip(ex_tops, gr_tops)]))
+        row = {"vectors": n, "recall_at_10": round(recall, 4),
+               "exact_p50_ms": round(pct(ex_lat, 50), 3), "exact_p95_ms": round(pct(ex_lat, 95), 3),
+               "hnsw_p50_ms": round(pct(gr_lat, 50), 3), "hnsw_p95_ms": round(pct(gr_lat, 95), 3),
+               "hnsw_build_s": round(build_s, 1),
+               "exact_over_hnsw_p50": round(pct(ex_lat, 50) / pct(gr_lat, 50), 1)}
+        out.append(row)
+        print(f"{n:>8} vectors: recall@10 {row['recall_at_10']:.4f}; exact p50 "
+              f"{row['exact_p50_ms']} ms (p95 {row['exact_p95_ms']}), hnsw p50 "
+              f"{row['hnsw_p50_ms']} ms (p95 {row['hnsw_p95_ms']}), {row['exact_over_hnsw_p50']}x; "
+              f"graph built in {row['hnsw_build_s']} s (1 thread)", flush=True)
+    print(f"saved {save('ann', {'index': str(args.index), 'queries': len(qv), 'sizes': out})}")
+
+
+if __name__ == "__main__":
+    main()
