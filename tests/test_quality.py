@@ -118,3 +118,20 @@ def test_confidence_flags_what_the_notes_do_not_answer(make_daemon, tmp_path):
         off = d.call("search", query="How do I sync my Obsidian tasks with Google Calendar "
                                      "so they show up in my phone's calendar app?")
         assert off["low_confidence"] is True and off["confidence"] < 0.25
+
+
+def test_fusion_while_vectors_are_coming_does_not_bury_the_unembedded():
+    """At partial coverage the vector list knows only the embedded chunks: a chunk BM25 ranks
+    first but not yet embedded must not fall below one BM25 ranks fifth that happens to be
+    embedded; at full coverage the fusion is plain weighted RRF."""
+    from ragd.search.hybrid import partial_rrf, rrf
+    bm25 = [1, 2, 3, 4, 5]
+    vector = [5, 9]  # 1-4 have no vector yet; 9 is found by vectors alone
+    w = {"vector": 1.0, "bm25": 1.0}
+    for cov in (0.1, 0.5):
+        fused = partial_rrf({"bm25": bm25, "vector": vector}, 60, w, cov, [1, 2, 3, 4])
+        order = sorted(fused, key=lambda c: -fused[c])
+        assert order.index(1) < order.index(5), (cov, order)
+        assert order[:4] == [1, 2, 3, 4] or cov >= 0.5, order
+    full = {"bm25": bm25, "vector": [5, 1, 2, 3, 4, 9]}
+    assert partial_rrf(full, 60, w, 1.0, []) == rrf(full, 60, w)
