@@ -39,6 +39,11 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind)
         engine_kind.check(e)
         assert e["state"] == "ready" and e["vectors"] == st["sources"][0]["chunks"]
         assert e["embedded_texts"] > 50 and e["failed"] == 0
+        # the bulk engine yields the cores to the query engine: a lower priority, really set
+        q = e["query_engine"]
+        assert e["nice"] == 10 and q["nice"] == 0
+        assert os.getpriority(os.PRIO_PROCESS, e["pid"]) - \
+            os.getpriority(os.PRIO_PROCESS, q["pid"]) == 10
         res = d.call("search", query="make a task repeat on a schedule", k=5)
         assert res["mode"] == "hybrid" and res["degraded"] is False
         assert res["vector_coverage"] == 1.0

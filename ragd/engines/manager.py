@@ -17,6 +17,10 @@ from ragd.engines import models
 from ragd.engines.models import ModelError, ResolvedModel
 from ragd.engines.supervisor import Engine, EngineSettings
 
+# Niceness of the bulk embedding engine when a query engine runs beside it (os.nice: 10 gives
+# a nice-0 process about 10x its share of a contended core).
+BULK_NICE = 10
+
 log = logging.getLogger("ragd.engines")
 
 
@@ -121,7 +125,8 @@ class Engines:
         run_dir, log_dir = self._dirs()
         with self._lock:
             self.embed_model = model
-            self.embed_engine = Engine("embedding", model, self.settings, run_dir, log_dir)
+            self.embed_engine = Engine("embedding", model, self._bulk_settings(), run_dir,
+                                       log_dir)
             if self.cfg.query_engine:
                 self.query_engine = Engine("query", model, dataclasses.replace(
                     self.settings, threads=1), run_dir, log_dir)
@@ -132,12 +137,19 @@ class Engines:
                 self.query_engine.start()
         return self.embed_engine
 
+    def _bulk_settings(self):
+        """A bulk embedding engine yields the cores to the query engine (when there is one)."""
+        if self.cfg.query_engine:
+            return dataclasses.replace(self.settings, nice=BULK_NICE)
+        return self.settings
+
     def serve_next(self, model: ResolvedModel) -> Engine:
         """A model switch: an engine for the new model, beside the one in use."""
         run_dir, log_dir = self._dirs()
         with self._lock:
             self.next_model = model
-            self.next_engine = Engine("embedding-next", model, self.settings, run_dir, log_dir)
+            self.next_engine = Engine("embedding-next", model, self._bulk_settings(), run_dir,
+                                      log_dir)
             if not self._stopped.is_set():
                 self.next_engine.start()
         return self.next_engine
@@ -204,7 +216,7 @@ class Engines:
         if self.query_engine is not None and "embedding" in out:
             q = self.query_engine.status()
             out["embedding"]["query_engine"] = {k: q[k] for k in ("state", "pid", "restarts",
-                                                                  "reason")}
+                                                                  "reason", "nice")}
         return out
 
     def query_engine_ready(self, model: ResolvedModel | None = None) -> Engine | None:

@@ -57,6 +57,21 @@ class EngineSettings:
     # once, on its pidfd). Each check costs the engine ~10 ms of CPU: every 2 s was 0.5% of a
     # core of an idle daemon.
     health_interval: float = 30.0
+    # Scheduling priority of the process (os.nice): the bulk embedding engine runs at a lower
+    # priority than the query engine, so a query's embedding is not slowed by a bulk batch
+    # sharing the cores (and bulk loses nothing when no query runs).
+    nice: int = 0
+
+
+def _child_setup(nice: int):
+    def setup() -> None:  # runs in the child between fork and exec
+        _set_pdeathsig()
+        if nice:
+            try:
+                os.nice(nice)
+            except OSError:
+                pass
+    return setup
 
 
 def _set_pdeathsig() -> None:  # runs in the child between fork and exec
@@ -161,6 +176,7 @@ class Engine:
                 "restarts": self.restarts, "model": self.model.name,
                 "model_path": str(self.model.path),
                 "engine": self.settings.llama_server or "bundled (xllamacpp)",
+                "nice": self.settings.nice,
                 "log": str(self.log_path)}
 
     def tail_log(self, lines: int = 8) -> str:
@@ -186,7 +202,7 @@ class Engine:
         try:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                     env=child_env(), start_new_session=True,
-                                    preexec_fn=_set_pdeathsig)
+                                    preexec_fn=_child_setup(self.settings.nice))
         finally:
             logf.close()
 
