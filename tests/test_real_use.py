@@ -9,6 +9,7 @@ import pty
 import select
 import shutil
 import sqlite3
+import signal
 import stat
 import subprocess
 import sys
@@ -366,3 +367,38 @@ def test_progress_lines_only_on_a_terminal(tmp_path):
         assert r.returncode == 0 and "\r" not in r.stdout
     finally:
         ragctl("--config", cfg, "stop")
+
+
+def test_hybrid_ranks_as_bm25_while_most_vectors_are_missing(make_daemon, tmp_path):
+    """Below 95% vector coverage hybrid keeps BM25's ranking (the vector side only adds what
+    BM25 did not find, after it): search is never worse because vectors are incomplete. The
+    bulk engine is stopped (SIGSTOP) part way; the query engine still embeds queries."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        d.wait_idle()  # the text indexed; vectors coming
+        deadline = time.monotonic() + 120
+        while True:
+            st = d.call("status")
+            e = st["engines"]["embedding"]
+            if e.get("pid") and e.get("vectors", 0) >= 1:
+                break
+            assert time.monotonic() < deadline, e
+            time.sleep(0.05)
+        os.kill(e["pid"], signal.SIGSTOP)
+        try:
+            queries = ["how do I make a task repeat every week", "custom statuses",
+                       "filter tasks by due date", "kanban board"]
+            for q in queries:
+                h = d.call("search", query=q, mode="hybrid", k=5)
+                b = d.call("search", query=q, mode="bm25", k=5)
+                assert h["vector_coverage"] < 0.95 and not h["degraded"], h
+                assert h["fusion"].startswith("bm25 order")
+                hp, bp = [r["path"] for r in h["results"]], [r["path"] for r in b["results"]]
+                assert bp and hp[:len(bp)] == bp, q  # BM25's ranking, vector-only finds after
+        finally:
+            os.kill(e["pid"], signal.SIGCONT)
+        st = wait_embedded(d)
+        h = d.call("search", query="how do I make a task repeat every week", mode="hybrid")
+        assert h["vector_coverage"] == 1.0 and "fusion" not in h
