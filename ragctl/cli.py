@@ -361,7 +361,9 @@ def do_search(args) -> int:
             notes.append(f"keywords only: {res.get('reason')}")
         elif res.get("vector_coverage") is not None and res["vector_coverage"] < 1:
             notes.append(f"vectors cover {100 * res['vector_coverage']:.0f}% of the index so "
-                         f"far: results lean on keywords until embedding is done")
+                         f"far: " + ("ranked by keywords (meaning matches added after them) "
+                                     "until 95% are in" if res.get("fusion") else
+                                     "results lean on keywords until embedding is done"))
         if res.get("below_threshold"):
             notes.append("no close meaning match: these results match the query's words")
         if res.get("rerank_reason"):
