@@ -83,6 +83,9 @@ def case_engine(args, tmp: Path) -> dict:
     d = daemon(tmp, vault, engine_config(extra="[engines]\nmax_restarts = 1000\n"))
     kills, last = 0, None
     with d:
+        # The text first: before it is indexed the embedder is idle with nothing pending,
+        # which the loop below would take for "finished" (it once ended with 0 kills).
+        d.wait_idle(timeout=600)
         while kills < args.engine_kills:
             e = d.call("status")["engines"]["embedding"]
             if e.get("state") == "ready" and e.get("pid") != last and \
@@ -107,7 +110,10 @@ def case_socket(args, tmp: Path) -> dict:
     d = daemon(tmp, vault, '[embedding]\nmodel = ""\n')
     with d:
         ready(d, vectors=False)
-        hammer(d.socket, args.clients, 2.0)  # warm up with the load to come
+        fresh = rss_mb(d.proc.pid)
+        # Warm up with the load to come (its threads, buffers, read connections and their
+        # page caches, malloc's heaps): what is measured after is what the load leaves.
+        hammer(d.socket, args.clients, args.seconds)
         time.sleep(1.1)
         before = rss_mb(d.proc.pid)
         frames = fuzz_frames(args.frames, seed=args.seed)
@@ -120,9 +126,11 @@ def case_socket(args, tmp: Path) -> dict:
         st = d.call("status")
     return {"frames": out["frames"], "replies": out["replies"], "error_replies": out["errors"],
             "fuzz_s": round(fuzz_s, 1), "clients": args.clients, "seconds": args.seconds,
-            "requests": n, "client_errors": len(errors), "rss_before_mb": round(before, 1),
+            "requests": n, "client_errors": len(errors), "rss_fresh_mb": round(fresh, 1),
+            "rss_before_mb": round(before, 1),
             "rss_after_mb": round(after, 1), "rss_ratio": round(after / before, 3),
-            "thread_restarts": sum(t["restarts"] for t in st["threads"])}
+            "thread_restarts": sum(t["restarts"] for t in st["threads"]),
+            "client_error_kinds": sorted({e.split(": ", 1)[1][:80] for e in errors})[:5]}
 
 
 CASES = {"kills": case_kills, "engine": case_engine, "socket": case_socket}

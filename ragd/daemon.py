@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from ragd import __version__, config
+from ragd import __version__, config, server
 from ragd.index import store
 from ragd.runtime import Runtime
 
@@ -74,6 +74,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    server.limit_malloc_arenas()  # before any thread starts
     try:
         cfg = config.load(args.config, extra_sources=args.source)
     except config.ConfigError as e:

@@ -23,6 +23,7 @@ import json
 import os
 import socket
 import struct
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Iterator
@@ -173,8 +174,18 @@ class Client:
         self.path = str(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
         try:
-            self.sock.connect(self.path)
+            while True:
+                try:
+                    self.sock.connect(self.path)
+                    break
+                except BlockingIOError:
+                    # The daemon's accept queue is full (a burst of clients): a socket with a
+                    # timeout gets EAGAIN at once instead of waiting its turn. Wait it here.
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.01)
         except (FileNotFoundError, ConnectionRefusedError) as e:
             self.sock.close()
             raise NotRunning(f"ragd is not running (no daemon at {self.path})") from e

@@ -83,6 +83,19 @@ class AfterReply:
 _trim = None
 _trimmed_at = 0.0
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def limit_malloc_arenas(n: int = 2) -> None:
+    """glibc gives threads that allocate at once their own heaps (up to 8 per core), each
+    keeping what it freed: after 200 clients at once the daemon's RSS kept climbing from storm
+    to storm (69, 92, 91, 105 MB); with 2 heaps it levels off (87, 85, 87 MB). A no-op where
+    there is no glibc."""
+    try:
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, n)
+    except (OSError, AttributeError):
+        pass
+
 
 def _give_back_memory() -> None:
     """After a burst of clients (each with its buffers and a read connection) has gone: glibc
@@ -182,7 +195,7 @@ class Server:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
-        sock.listen(128)
+        sock.listen(1024)  # a burst of clients waits its turn (capped by somaxconn)
         self._listener = sock
         self._accept.start()
         log.info("listening on %s", self.path)
