@@ -132,7 +132,7 @@ class BufferStore:
         text_hash = sources.content_hash(text.encode("utf-8", "surrogatepass"))
         buf = Buffer(session, src.name, rel, abspath, text, version, text_hash,
                      row["id"] if row is not None else None, -next(self._ids), doc.title,
-                     chunks, _stat(abspath), time.time())
+                     chunks, sources.stat_of(abspath), time.time())
         if self._equals_disk(buf):
             self.drop(session, str(abspath))
             return {"path": sources.printable(str(abspath)), "source": src.name,
@@ -182,7 +182,7 @@ class BufferStore:
         for b in newest.values():
             if self.cfg.source(b.source) is None:
                 continue
-            st = _stat(b.path)
+            st = sources.stat_of(b.path)
             if st != b.disk:
                 b.disk = st
                 if self._equals_disk(b):
@@ -379,11 +379,3 @@ def _counts(db: sqlite3.Connection, text: str) -> dict[str, int]:
 
 def _stems(db: sqlite3.Connection, text: str) -> list[str]:
     return list(_counts(db, text))
-
-
-def _stat(path: Path) -> tuple[int, int]:
-    try:
-        st = path.stat()
-    except OSError:
-        return -1, 0
-    return st.st_size, st.st_mtime_ns

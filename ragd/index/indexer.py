@@ -483,8 +483,8 @@ class Indexer:
                     self.hints.add(str(e))
                 retry = getattr(e, "retry", True)
                 # An error of access (not of the content) is tried again at every scan.
-                return Prepared("skipped", reason=str(e), stat=(-1, 0) if retry else _stat(path),
-                                retry=retry)
+                return Prepared("skipped", reason=str(e),
+                                stat=(-1, 0) if retry else sources.stat_of(path), retry=retry)
             row = store.file_row(self._db_for_reads(), src.name, rel)
             if _unchanged(row, content, force):
                 return Prepared("unchanged", content)
@@ -492,7 +492,7 @@ class Indexer:
         except Exception as e:
             # A bug or an unexpected error on one file: recorded, the daemon goes on.
             log.exception("failed to read %s/%s", src.name, sources.printable(rel))
-            return Prepared("failed", reason=f"{type(e).__name__}: {e}", stat=_stat(path))
+            return Prepared("failed", reason=f"{type(e).__name__}: {e}", stat=sources.stat_of(path))
 
     def _db_for_reads(self):
         """The connection for the prepare step's reads: the indexer's own on its thread, else
@@ -649,7 +649,7 @@ class Indexer:
     def _record_failed(self, src: Source, rel: str, reason: str,
                        changes: store.Changes | None) -> None:
         db = self._db
-        size, mtime_ns = _stat(src.root / rel)
+        size, mtime_ns = sources.stat_of(src.root / rel)
         mine = store.Changes() if changes is not None else None
         db.execute("SAVEPOINT failed")
         try:
@@ -804,12 +804,3 @@ def _same_chunks(old: list, new: list) -> bool:
     return len(old) == len(new) and all(
         (o["body"], o["line_start"], o["line_end"]) == (n.body, n.line_start, n.line_end)
         for o, n in zip(old, new))
-
-
-def _stat(path: Path) -> tuple[int, int]:
-    """(size, mtime_ns) as the scan sees them; (-1, 0) for what cannot be stat'ed (as scan)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return -1, 0
-    return st.st_size, st.st_mtime_ns

@@ -297,3 +297,12 @@ def read(path: Path, max_bytes: int) -> Content:
         text = text[1:]
     content.text, content.warning, content.data = text, warning, b""
     return content
+
+
+def stat_of(path: Path) -> tuple[int, int]:
+    """(size, mtime_ns) as the scan sees them; (-1, 0) for what cannot be stat'ed (as scan)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return -1, 0
+    return st.st_size, st.st_mtime_ns
