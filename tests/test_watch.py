@@ -231,6 +231,27 @@ def test_search_can_wait_for_its_own_edit_and_results_say_when_stale(make_daemon
             d.call("search", query="x", wait=100)
 
 
+def test_search_wait_after_mkdir_and_move_shows_the_note_once(make_daemon, tmp_path):
+    """`mkdir X && mv note X/`: the kernel reports the note leaving its folder before X is
+    watched, and watchdog holds that event 0.5 s for a pair that never comes. search --wait
+    answered with the note at both paths until the watcher waited that out."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}])
+    with d:
+        d.wait_idle()
+        for i in range(3):
+            note = next((root / "How To").glob("*.md"))
+            with open(note, "a") as f:
+                f.write(f"\nThe numbat{i} burrow.\n")
+            d.call("search", query=f"numbat{i}", k=3, mode="bm25", wait=10)
+            dest = root / f"Moved{i}"
+            dest.mkdir()
+            shutil.move(str(note), dest / note.name)
+            res = d.call("search", query=f"numbat{i}", k=3, mode="bm25", wait=10)
+            assert [r["path"] for r in res["results"]] == [str(dest / note.name)], res
+            shutil.move(str(dest / note.name), note)
+
+
 def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path):
     root = tmp_path / "notes"
     root.mkdir()

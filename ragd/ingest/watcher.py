@@ -42,6 +42,9 @@ from ragd.config import Source
 from ragd.ingest.sources import Rules
 from ragd.workers import Worker
 
+# watchdog holds a file's moved-from event this long for its moved-to pair (0.5 s), plus margin
+MOVE_PAIRING = 0.7
+
 log = logging.getLogger("ragd.watcher")
 
 MAX_PENDING = 20000  # more distinct paths than this waiting: rescan the source instead
@@ -180,6 +183,7 @@ class Watcher:
         self._seen: dict[tuple[str, str], float] = {}  # (source, rel) -> first event (wall time)
         self._moves: list[tuple[float, str, str, str]] = []  # (due, source, old rel, new rel)
         self._inflight = 0  # taken off the queues, not yet handed to the indexer
+        self._folder_made_at = -1e9  # monotonic time of the last folder created (see below)
         # The checker's schedule, under _check_cv.
         self._check_cv = threading.Condition()
         self._check_at: float | None = time.monotonic()  # compare folders and watches next
@@ -333,6 +337,8 @@ class Watcher:
             if event.event_type == "deleted":
                 self.indexer.request_scan(s.name)  # whatever was under it is gone
             elif event.event_type == "created":
+                with self._lock:
+                    self._folder_made_at = now
                 self._walk(s, rel, now)  # files may have arrived before the watch did
                 self._check_in(1.0)
             return
@@ -451,15 +457,25 @@ class Watcher:
             return len(self._due) + len(self._moves) + self._inflight
 
     def wait_settled(self, timeout: float) -> bool:
-        """Wait until no event waits to be handed to the indexer."""
+        """Wait until no event waits to be handed to the indexer.
+
+        Right after a folder is created, also until MOVE_PAIRING has passed: `mkdir X && mv
+        note X/` moves the note into a folder watched a moment later, so the kernel reports only
+        its leaving, and watchdog holds that event 0.5 s for a pair that never comes. Without
+        this, search --wait answered with the note at both paths (found in the new folder by
+        its walk, not yet gone from the old)."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._due or self._moves or self._inflight:
-                left = deadline - time.monotonic()
+            while True:
+                now = time.monotonic()
+                busy = self._due or self._moves or self._inflight
+                pairing = self._folder_made_at + MOVE_PAIRING - now
+                if not busy and pairing <= 0:
+                    return True
+                left = deadline - now
                 if left <= 0:
                     return False
-                self._lock.wait(left)
-        return True
+                self._lock.wait(left if busy else min(left, pairing))
 
     # -- the checker ------------------------------------------------------------------------------
 
