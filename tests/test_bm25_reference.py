@@ -109,3 +109,16 @@ def test_pruning_common_words_keeps_the_ranking(indexed, query):
     assert len(pruned) == 10 and n > 1000
     for (s_full,), hit in zip(full, pruned):
         assert hit.score == pytest.approx(s_full, abs=1e-4)
+
+
+def test_bm25_search_keeps_the_callers_read_transaction(tmp_path):
+    """A search reads one snapshot (ops: reads.conn(snapshot=True)); preparing BM25's temp
+    tables once used executescript, which commits the caller's transaction."""
+    from ragd.search import bm25
+    db = store.open_store(tmp_path / "index.sqlite3")
+    db.execute("BEGIN")
+    db.execute("SELECT COUNT(*) FROM chunks").fetchone()
+    bm25.search(db, "what is a recurring task and how does it repeat", 10)
+    bm25.index_tokens(db, ["Cats were running"])
+    assert db.in_transaction
+    db.execute("COMMIT")

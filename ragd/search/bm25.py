@@ -49,25 +49,34 @@ def fts_query(text: str) -> str:
     return " OR ".join(query_parts(text))
 
 
-def _prepare(db: sqlite3.Connection) -> None:
-    # Per connection, in its temp schema: a one-row FTS5 table with the index's tokenizer, to
-    # stem query words exactly as the index did, and vocabulary views to read their counts.
+_TEMP_TABLES = (
     # NOTE: the tokenizer must match chunks_fts in ragd/index/store.py.
-    db.executescript("""
-        CREATE VIRTUAL TABLE IF NOT EXISTS temp.stem_q USING fts5(
-            x, tokenize = 'porter unicode61 remove_diacritics 2');
-        CREATE VIRTUAL TABLE IF NOT EXISTS temp.stem_v USING fts5vocab(temp, stem_q, row);
-        CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunks_v USING fts5vocab(main, chunks_fts, row);
-    """)
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.stem_q USING fts5("
+    "x, tokenize = 'porter unicode61 remove_diacritics 2')",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.stem_v USING fts5vocab(temp, stem_q, row)",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.stem_i USING fts5vocab(temp, stem_q, instance)",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunks_v USING fts5vocab(main, chunks_fts, row)",
+)
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    """Per connection, in its temp schema: a one-row FTS5 table with the index's tokenizer, to
+    stem query words exactly as the index did, and vocabulary views to read their counts.
+    Statement by statement (executescript would commit the caller's read transaction: a
+    search reads one snapshot), and only once per connection."""
+    try:
+        db.execute("SELECT 1 FROM temp.stem_i LIMIT 0")
+        return
+    except sqlite3.OperationalError:
+        pass
+    for sql in _TEMP_TABLES:
+        db.execute(sql)
 
 
 def doc_freq(db: sqlite3.Connection, phrase: str) -> int:
     """Rows of the index containing the rarest token of the phrase (as the index tokenizes)."""
-    try:
-        db.execute("DELETE FROM temp.stem_q")
-    except sqlite3.OperationalError:  # this connection's first use of it
-        _prepare(db)
-        db.execute("DELETE FROM temp.stem_q")
+    _prepare(db)
+    db.execute("DELETE FROM temp.stem_q")
     db.execute("INSERT INTO temp.stem_q (x) VALUES (?)", (phrase.strip('"'),))
     counts = [db.execute("SELECT doc FROM temp.chunks_v WHERE term = ?", (t,)).fetchone()
               for (t,) in db.execute("SELECT term FROM temp.stem_v").fetchall()]
@@ -87,6 +96,19 @@ def prune_common(db: sqlite3.Connection, parts: list[str]) -> list[str]:
     rows = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
     kept = [p for p in parts if doc_freq(db, p) <= rows / 2]
     return kept or parts
+
+
+def index_tokens(db: sqlite3.Connection, texts: list[str]) -> list[str]:
+    """Each text as the index's tokenizer sees it: its stemmed words, in order, space-separated
+    (what a store backend is given, so that its BM25 matches words as FTS5 does)."""
+    _prepare(db)
+    db.execute("DELETE FROM temp.stem_q")
+    db.executemany("INSERT INTO temp.stem_q (rowid, x) VALUES (?, ?)", enumerate(texts))
+    words: list[list[str]] = [[] for _ in texts]
+    for doc, term in db.execute("SELECT doc, term FROM temp.stem_i ORDER BY doc, offset"):
+        words[doc].append(term)
+    db.execute("DELETE FROM temp.stem_q")
+    return [" ".join(w) for w in words]
 
 
 @dataclass
