@@ -299,6 +299,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--idle-seconds", type=float, default=60.0)
     ap.add_argument("--json", action="store_true", help="end with one JSON line of figures")
+    ap.add_argument("--build-only", action="store_true",
+                    help="build the index (with --keep) and stop: measure later, on a quiet machine")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="ragd-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -308,6 +310,10 @@ def main() -> None:
         if not built.exists() or json.loads(built.read_text())["chunks"] < args.chunks * 0.99:
             print(f"building an index of {args.chunks} chunks in {work}", flush=True)
             build(work, args.chunks, args.real, args.model)
+        if args.build_only:
+            if args.keep is None:
+                raise SystemExit("--build-only needs --keep")
+            return
         info = json.loads(built.read_text())
         result.update(chunks=info["chunks"], files=info["files"], real_vectors=info["real"],
                       disk_mb=round(disk_mb(work / "data"), 1))
