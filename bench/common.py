@@ -43,8 +43,18 @@ def quiet_config(cfg: Path) -> Path:
 
 
 def ready(d: Daemon, vectors: bool, timeout: float = 7200) -> dict:
-    """Block until indexed (and embedded): the daemon's wait op, no polling."""
-    return d.wait_idle(timeout=timeout, vectors=vectors)
+    """Block until indexed (and embedded): the daemon's wait op, no polling. With the Milvus
+    store, also until its collection has every chunk (a first fill is not a change the wait
+    op tracks: its status is read every half second, before anything is measured)."""
+    st = d.wait_idle(timeout=timeout, vectors=vectors)
+    deadline = time.monotonic() + timeout
+    while st.get("store", {}).get("backend") == "milvus" and not (
+            st["store"]["state"] == "in sync" and st["store"]["pending"] == 0):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the Milvus store did not catch up: {st['store']}")
+        time.sleep(0.5)
+        st = d.call("status")
+    return st
 
 
 def cpu_seconds(pid: int) -> float:

@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--model", default=str(EMBED_MODEL))
     ap.add_argument("--keep", type=Path, help="build or reuse the index in this folder")
     ap.add_argument("--extra", default="", help="TOML appended to the config (for tuning)")
+    ap.add_argument("--label", default="", help="saved as scifact-SPLIT-LABEL.json")
     args = ap.parse_args()
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="ragd-scifact-"))
@@ -112,7 +113,7 @@ def main() -> None:
         for mode, r in rows.items():
             print(f"{mode:<8} {r['ndcg@10']:8.4f} {r['recall@100']:7.4f} {r['mrr@10']:7.4f} "
                   f"{r['p50_ms']:7.1f}")
-        save(f"scifact-{args.split}", rows)
+        save(f"scifact-{args.split}" + (f"-{args.label}" if args.label else ""), rows)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

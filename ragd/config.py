@@ -84,6 +84,11 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "top": (int, 20),
         "budget_ms": (int, 4000),
     },
+    "store": {
+        "backend": (str, "sqlite"),
+        "uri": (str, ""),
+        "collection": (str, "ragd"),
+    },
     "generator": {
         "model": (str, ""),
         "context": (int, 4096),
@@ -93,6 +98,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     },
 }
 SEARCH_MODES = ("hybrid", "vector", "bm25")
+STORE_BACKENDS = ("sqlite", "milvus")
 POOLINGS = ("", "mean", "cls", "last", "rank", "none")
 SOURCE_SCHEMA: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "name": (str, None),
@@ -157,6 +163,9 @@ class Config:
     generator_notes: int = 6
     generator_temperature: float = 0.0
     hub_url: str = ""
+    store_backend: str = "sqlite"
+    store_uri: str = ""
+    store_collection: str = "ragd"
     gc_grace_hours: float = 24.0
     gc_interval_hours: float = 1.0
     watch: bool = True
@@ -295,7 +304,13 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
     if values["engines"]["llama_server"]:
         _existing_file(where, "engines.llama_server", values["engines"]["llama_server"])
     se, en, em, rr = values["search"], values["engines"], values["embedding"], values["reranker"]
-    ge = values["generator"]
+    ge, st = values["generator"], values["store"]
+    if st["backend"] not in STORE_BACKENDS:
+        raise ConfigError(f"{where}: store.backend must be one of {', '.join(STORE_BACKENDS)}, "
+                          f"got {st['backend']!r}")
+    if not st["collection"].replace("_", "").isalnum() or not st["collection"][:1].isalpha():
+        raise ConfigError(f"{where}: store.collection must be letters, digits and _, starting "
+                          f"with a letter; got {st['collection']!r}")
     if ge["max_tokens"] >= ge["context"]:
         raise ConfigError(f"{where}: generator.max_tokens ({ge['max_tokens']}) must be smaller "
                           f"than generator.context ({ge['context']}): the prompt needs room too")
@@ -322,6 +337,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   generator_model=ge["model"], generator_context=ge["context"],
                   generator_max_tokens=ge["max_tokens"], generator_notes=ge["notes"],
                   generator_temperature=ge["temperature"],
+                  store_backend=st["backend"], store_uri=st["uri"],
+                  store_collection=st["collection"],
                   gc_grace_hours=values["gc"]["grace_hours"],
                   gc_interval_hours=values["gc"]["interval_hours"],
                   watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],

@@ -146,7 +146,8 @@ class ReadPool:
 
 class Ops:
     def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None],
-                 reload: Callable[[], dict] | None = None, vectors=None, embedding=None):
+                 reload: Callable[[], dict] | None = None, vectors=None, embedding=None,
+                 backend=None):
         self.cfg = cfg
         self.indexer = indexer
         self.engines = engines
@@ -159,7 +160,8 @@ class Ops:
         self.vectors = vectors if vectors is not None else VectorStore(cfg.data_dir)
         self.embedding = embedding  # index/switch.py: the embedder(s), a model switch
         self.buffers = BufferStore(cfg, engines, self.reads, self.vectors)
-        self.searcher = Searcher(cfg, engines, self.vectors, self.buffers)
+        self.backend = backend  # index/milvus.py, or None: SQLite + the local vector index
+        self.searcher = Searcher(cfg, engines, self.vectors, self.buffers, backend)
         self.started = time.time()
         self.stopping = threading.Event()
 
@@ -217,6 +219,8 @@ class Ops:
             "pending": pending, "idle": idle, "indexer": self.indexer.state,
             "sources": per_source, "engines": engines, "hints": hints,
             "threads": workers.all_status(),
+            "store": (self.backend.status() if self.backend is not None
+                      else {"backend": "sqlite"}),
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,
                        "files_removed": s.files_removed, "files_moved": s.files_moved,
@@ -258,6 +262,9 @@ class Ops:
             if emb is not None and not emb.wait_idle(left()):
                 return False
             emb = embedder()
+            if self.backend is not None and self.backend.serving \
+                    and not self.backend.wait_synced(left()):
+                return False
             if ((self.watcher is None or self.watcher.pending == 0) and self.indexer.idle
                     and (emb is None or emb.idle)):
                 return True

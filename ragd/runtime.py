@@ -16,7 +16,7 @@ import time
 from ragd import __version__, config
 from ragd.engines.manager import Engines
 from ragd.events import EventBus
-from ragd.index import gc, store
+from ragd.index import gc, milvus, store
 from ragd.index.indexer import Indexer
 from ragd.index.switch import Embedding
 from ragd.index.vectorstore import VectorStore
@@ -44,7 +44,9 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "ann_threshold": "embedding.ann_threshold",
            "reranker_model": "reranker.model",
            "reranker_pooling": "reranker.pooling", "watch": "watch.enabled",
-           "generator_model": "generator.model", "generator_context": "generator.context"}
+           "generator_model": "generator.model", "generator_context": "generator.context",
+           "store_backend": "store.backend", "store_uri": "store.uri",
+           "store_collection": "store.collection"}
 
 
 MODEL_FIELDS = ("embedding_model", "embedding_pooling", "embedding_query_prefix",
@@ -68,8 +70,22 @@ class Runtime:
         self.engines = Engines(cfg, on_embedding=self._on_embedding)
         self.embedding = Embedding(cfg, self.engines, self.vectors)
         self.indexer = Indexer(cfg, cfg.db_path, listener=self.vectors, events=EventBus())
+        # [store] backend = "milvus": a mirror of the index in Milvus serves the rankings
+        if cfg.store_backend == "milvus":
+            try:
+                import pymilvus  # noqa: F401
+            except ImportError:
+                raise config.ConfigError(
+                    f"{cfg.path or 'config'}: store.backend = \"milvus\" needs the Milvus "
+                    f"client: pip install 'ragd[milvus]'") from None
+        self.backend = (milvus.MilvusStore(cfg.db_path, cfg.data_dir, cfg.store_uri,
+                                           cfg.store_collection)
+                        if cfg.store_backend == "milvus" else None)
+        if self.backend is not None:
+            self.vectors.committed_hook = self.backend.wake
         self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,
-                       reload=self.reload, vectors=self.vectors, embedding=self.embedding)
+                       reload=self.reload, vectors=self.vectors, embedding=self.embedding,
+                       backend=self.backend)
         self.server = Server(cfg.socket, self.ops.dispatch, cfg.max_connections)
         self.watcher: Watcher | None = None
 
@@ -78,7 +94,11 @@ class Runtime:
         t0 = time.monotonic()
         log.info("ragd %s starting (pid %d, data dir %s, config %s)", __version__, os.getpid(),
                  cfg.data_dir, cfg.path or "built-in defaults")
-        store.open_store(cfg.db_path).close()
+        db = store.open_store(cfg.db_path)
+        try:
+            (milvus.install if self.backend is not None else milvus.uninstall)(db)
+        finally:
+            db.close()
         # Queued before the socket opens: a client that sees the daemon answer never sees it
         # idle with the start-up scan still to come. The indexer starts once the sources are
         # watched, so the scan runs after the watches exist: a note saved at any moment is seen
@@ -101,6 +121,8 @@ class Runtime:
                 self.watcher.start()
             self.indexer.start()
             self.ops.buffers.start()
+            if self.backend is not None:
+                self.backend.start()
             log.info("ready in %.3fs; indexing %d source(s) in the background",
                      time.monotonic() - t0, len(cfg.sources))
             self._schedule_gc(first=60.0)
@@ -120,6 +142,8 @@ class Runtime:
                 self.watcher.stop()
             self.indexer.stop()
             self.ops.buffers.stop()
+            if self.backend is not None:
+                self.backend.stop()
             self.embedding.stop()  # the embedders write their spaces' snapshots
             self.engines.stop()
             self.ops.reads.close()

@@ -23,6 +23,12 @@ def test_documented_config_is_the_builtin_default(tmp_path):
     assert documented == builtin
 
 
+def test_the_packaged_default_is_the_documented_config():
+    # ragctl writes this copy as a new user's config (the package cannot read the repository)
+    assert (ROOT / "ragctl" / "config.default.toml").read_text() == \
+        (ROOT / "config.toml").read_text()
+
+
 def test_documented_config_mentions_every_key():
     text = (ROOT / "config.toml").read_text()
     for table, keys in config.SCHEMA.items():
@@ -69,6 +75,8 @@ def test_default_paths(tmp_path):
     ("[index]\nchunk_tokens = true\n", "index.chunk_tokens must be an integer, got boolean"),
     ("[daemon]\nlog_level = 'loud'\n", "daemon.log_level must be one of"),
     ("[search]\nk = 0\n", "search.k must be at least 1"),
+    ("[store]\nbackend = 'qdrant'\n", "store.backend must be one of sqlite, milvus"),
+    ("[store]\ncollection = 'my notes'\n", "store.collection must be letters"),
     ("[[sources]]\nname = 'n'\npath = '/definitely/not/here'\n",
      "sources[0].path: folder /definitely/not/here does not exist"),
     ("[[sources]]\nname = 'n'\n", "sources[0] needs a 'path'"),

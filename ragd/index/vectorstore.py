@@ -168,6 +168,7 @@ class VectorStore:
         self.enabled = True  # an embedding model is configured
         self.embed_now_hook = None  # set by the active space's embedder: (db, records) -> ...
         self.stored_hook = None  # told of vectors stored with an edit's commit (counts)
+        self.committed_hook = None  # told after commits that changed chunks or vectors
 
     # -- the indexer's listener ---------------------------------------------------------------------
 
@@ -195,6 +196,8 @@ class VectorStore:
             missing = [h for h in by_hash if h not in found]
             if missing:
                 space.queue(missing)
+        if self.committed_hook is not None:
+            self.committed_hook()
 
     def embed_now(self, db: sqlite3.Connection, records: list):
         hook = self.embed_now_hook
@@ -295,6 +298,8 @@ class VectorStore:
             if rows:
                 self._add(space, [r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]),
                           [r[2] for r in rows])
+        if self.committed_hook is not None:
+            self.committed_hook()
 
     # -- opening a space ----------------------------------------------------------------------------
 

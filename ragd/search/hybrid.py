@@ -96,8 +96,9 @@ def partial_rrf(lists: dict[str, list[int]], k: int, weights: dict[str, float],
 
 
 class Searcher:
-    def __init__(self, cfg, engines, vectors, buffers=None):
+    def __init__(self, cfg, engines, vectors, buffers=None, backend=None):
         self.cfg = cfg
+        self.backend = backend  # index/milvus.py: serves both rankings once in sync
         self.engines = engines
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="query-embed")
         self.vectors = vectors  # the VectorStore (index/vectorstore.py)
@@ -122,6 +123,9 @@ class Searcher:
                 b.file_id for b in bufs if b.file_id is not None))
             bufs = [b for b in bufs if filters.admits_buffer(b.source, b.rel)]
         info: dict = {"mode": mode, "reranked": False, "timings": timings}
+        if self.backend is not None:
+            info["store"] = ("milvus" if self.backend.serving else
+                             f"sqlite (milvus {self.backend.state})")
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
         parts: dict[int, dict] = {}
@@ -132,7 +136,7 @@ class Searcher:
         # a hybrid search costs max(embedding, BM25), not their sum.
         embedding = self._embed_query(query, timings) if mode in ("hybrid", "vector") else None
         if mode == "hybrid":
-            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings)
+            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info)
         if mode in ("hybrid", "vector"):
             why_not = self._vector_ranking(db, embedding, n, filters, lists, parts, info, bufs)
             if why_not is not None:
@@ -140,10 +144,10 @@ class Searcher:
                 info["reason"] = why_not
                 info["requested_mode"] = mode
                 if mode == "vector":
-                    self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings)
+                    self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info)
                 mode = info["mode"] = "bm25"
         elif mode == "bm25":
-            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings)
+            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info)
         t = time.perf_counter()
 
         if not self._anything_relevant(db, query, mode, filters, lists, info):
@@ -244,9 +248,19 @@ class Searcher:
 
         return self._pool.submit(embed)
 
-    def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, timings) -> None:
+    def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, timings,
+                      info=None) -> None:
         t = time.perf_counter()
-        hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters)]
+        hits = None
+        if self._use_backend():
+            try:
+                hits = self.backend.bm25(db, query, n, filters.file_ids(db) if filters.active
+                                         else None)
+            except Exception as e:  # Milvus failing: this ranking from SQLite, said so
+                if info is not None:
+                    info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
+        if hits is None:
+            hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters)]
         if bufs:
             hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None),
                           key=lambda h: -h[1])[:n]
@@ -266,7 +280,18 @@ class Searcher:
         space, qv = got
         vi = space.vectors
         files = filters.file_ids(db) if filters.active else None
-        ids, cos = vi.search(qv, n, files)
+        ids = None
+        if self._use_backend() and self.backend.space != space.id:
+            # just after a model switch: the collection holds the other model's vectors
+            info["store"] = "sqlite (milvus holds another vector space)"
+        elif self._use_backend():
+            try:
+                ids, cos = self.backend.dense(qv, n, files)
+                info["store_space"] = space.id  # the collection's, checked equal above
+            except Exception as e:  # Milvus failing: this ranking from the local index
+                info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
+        if ids is None:
+            ids, cos = vi.search(qv, n, files)
         if bufs:
             pairs = sorted([*zip(ids.tolist(), cos.tolist()),
                             *self.buffers.vector_hits(qv, bufs, None)],
@@ -285,6 +310,9 @@ class Searcher:
             parts.setdefault(cid, {})["vector"] = round(float(c), 6)
         info["timings"]["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         return None
+
+    def _use_backend(self) -> bool:
+        return self.backend is not None and self.backend.serving
 
     def _rerank(self, db, query: str, ranked: list[Candidate], top: list[Candidate],
                 info: dict) -> None:

@@ -1,0 +1,144 @@
+"""The store backends through the same searches: SQLite + the local vector index (the default)
+and Milvus (Milvus Lite from its wheel: the same client API as a Milvus server), each behind
+the real daemon, the real engine and the real socket."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from conftest import engine_config, small_vault, wait_embedded
+
+STORES = ["sqlite", "milvus"]
+
+
+def store_extra(backend: str) -> str:
+    return engine_config(extra=f'[store]\nbackend = "{backend}"\n')
+
+
+def in_sync(d, timeout: float = 120.0) -> dict:
+    """Until the index is idle, embedded, and (milvus) its mirror has every commit."""
+    st = wait_embedded(d)
+    deadline = time.monotonic() + timeout
+    while st["store"]["backend"] == "milvus" and not (
+            st["store"]["state"] == "in sync" and st["store"]["pending"] == 0):
+        assert time.monotonic() < deadline, st["store"]
+        time.sleep(0.2)
+        st = d.call("status")
+    return st
+
+
+def paths(res) -> list[str]:
+    return [r["path"].rsplit("/", 1)[-1] for r in res["results"]]
+
+
+@pytest.mark.parametrize("backend", STORES)
+def test_search_edits_moves_and_restarts_through_the_store(make_daemon, tmp_path, backend):
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=store_extra(backend))
+    with d:
+        st = in_sync(d)
+        assert st["store"]["backend"] == backend
+        q = "how do I set up a custom status for my tasks"
+        for mode in ("hybrid", "vector", "bm25"):
+            res = d.call("search", query=q, mode=mode, k=5)
+            assert res["mode"] == mode and not res.get("degraded"), res
+            assert res.get("store", "sqlite") == backend
+            assert "Custom Statuses" in " ".join(paths(res)) or \
+                "Set up custom statuses.md" in paths(res), (mode, paths(res))
+        # filters apply before the top k, in both rankings
+        res = d.call("search", query=q, mode="hybrid", k=5, path="Other Plugins/*")
+        assert res["results"] and all("/Other Plugins/" in r["path"] for r in res["results"])
+
+        # an edit: a new word, found by BM25 and by its vector once --wait returns
+        note = root / "How To" / "Set up custom statuses.md"
+        with open(note, "a", encoding="utf-8") as f:
+            f.write("\n\nThe quokkazebra protocol governs zanzibar spice caravans.\n")
+        res = d.call("search", query="quokkazebra", mode="bm25", k=3, wait=30)
+        assert paths(res)[:1] == ["Set up custom statuses.md"], res
+        res = d.call("search", query="the rules for spice caravans of zanzibar", mode="vector",
+                     k=20, wait=30, group="chunk")
+        assert any("quokkazebra" in r["text"] for r in res["results"]), res
+
+        # a move embeds nothing and the note is found under its new path
+        before = d.call("status")["engines"]["embedding"]["embedded_texts"]
+        (root / "Moved").mkdir()
+        shutil.move(str(note), root / "Moved" / note.name)  # same name, so the same title
+        res = d.call("search", query="quokkazebra", mode="hybrid", k=3, wait=30)
+        assert [r["path"].split("/vault/", 1)[1] for r in res["results"]][:1] == \
+            ["Moved/Set up custom statuses.md"], res
+        st = in_sync(d)
+        assert st["engines"]["embedding"]["embedded_texts"] == before
+
+        # a delete leaves both rankings
+        (root / "Moved" / note.name).unlink()
+        for mode in ("bm25", "hybrid"):
+            res = d.call("search", query="quokkazebra caravans", mode=mode, k=10, wait=30)
+            assert all("Moved/" not in r["path"] for r in res["results"]), res
+        chunks = in_sync(d)["sources"][0]["chunks"]
+
+    # a restart finds the mirror in step: nothing pushed again
+    with d:
+        st = in_sync(d)
+        assert st["sources"][0]["chunks"] == chunks
+        if backend == "milvus":
+            assert st["store"]["pushed"] == 0 and st["store"]["collection"], st["store"]
+        res = d.call("search", query=q, mode="hybrid", k=5)
+        assert res.get("store", "sqlite") == backend and res["results"]
+
+
+def test_milvus_down_answers_from_sqlite(make_daemon, tmp_path):
+    """Milvus unreachable (a server URI nothing listens on): search answers from SQLite and
+    says so; the mirror keeps retrying with its work in the outbox, and the daemon lives on."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra='[store]\nbackend = "milvus"\n'
+                                              'uri = "http://127.0.0.1:9"\n'))
+    with d:
+        st = wait_embedded(d)
+        deadline = time.monotonic() + 60
+        while st["store"]["state"] != "retrying":
+            assert time.monotonic() < deadline, st["store"]
+            time.sleep(0.2)
+            st = d.call("status")
+        assert st["store"]["error"]
+        res = d.call("search", query="custom status", mode="hybrid", k=3)
+        assert res["results"] and res["store"].startswith("sqlite (milvus ")
+        st = d.call("status")
+        assert st["store"]["pending"] > 0 and st["store"]["collection"] is None
+
+
+def test_a_model_switch_with_milvus_never_mixes_vector_spaces(make_daemon, tmp_path):
+    """A switch (mean pooling to CLS: two really different spaces): Milvus holds one space's
+    vectors, so until its new collection has every chunk search reads SQLite; a dense answer
+    from Milvus is always from the space that embedded the query."""
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=store_extra("milvus"))
+    with d:
+        st = in_sync(d)
+        s1 = st["engines"]["embedding"]["space"]
+        assert st["store"]["collection"] == f"ragd_s{s1}"
+        d.config.write_text(d.config.read_text().replace("[embedding]\n",
+                                                         '[embedding]\npooling = "cls"\n'))
+        assert d.call("reload")["embedding"].startswith("switching to")
+        stores = set()
+        deadline = time.monotonic() + 240
+        while True:
+            st = d.call("status")
+            r = d.call("search", query="a kanban board with lanes", mode="vector", k=3)
+            assert not r["degraded"] and r["results"], r
+            stores.add(r["store"])
+            if r["store"] == "milvus":
+                assert r["store_space"] == r["vector_space"], r
+            if st["engines"]["embedding"]["space"] != s1 and r["store"] == "milvus":
+                break
+            assert time.monotonic() < deadline, (st["store"], st["engines"]["embedding"])
+            time.sleep(0.05)
+        st = in_sync(d)
+        s2 = st["engines"]["embedding"]["space"]
+        assert s2 != s1 and st["store"]["collection"] == f"ragd_s{s2}"
+        assert any(s.startswith("sqlite (milvus") for s in stores), stores  # the fill
