@@ -248,8 +248,9 @@ class MilvusStore:
                               (BATCH * 4,)).fetchone()[0]
             self._set_pending(left)
             return
-        if self._filling == name:
-            self._finish_fill(db, name)
+        if self._filling == name or db.execute(
+                "SELECT 1 FROM meta WHERE key = 'store_previous'").fetchone():
+            self._finish_fill(db, name)  # (also a fill a restart interrupted)
         if self.collection != name:
             # a collection found at start is 'released' (on disk only) until loaded
             self.client.load_collection(name)
