@@ -136,7 +136,8 @@ class Searcher:
         # a hybrid search costs max(embedding, BM25), not their sum.
         embedding = self._embed_query(query, timings) if mode in ("hybrid", "vector") else None
         if mode == "hybrid":
-            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info)
+            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info,
+                               bm25.HYBRID_COMMON_SHARE)
         if mode in ("hybrid", "vector"):
             why_not = self._vector_ranking(db, embedding, n, filters, lists, parts, info, bufs)
             if why_not is not None:
@@ -249,7 +250,7 @@ class Searcher:
         return self._pool.submit(embed)
 
     def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, timings,
-                      info=None) -> None:
+                      info=None, share: float = bm25.COMMON_SHARE) -> None:
         t = time.perf_counter()
         hits = None
         if self._use_backend():
@@ -260,7 +261,7 @@ class Searcher:
                 if info is not None:
                     info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
         if hits is None:
-            hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters)]
+            hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters, share)]
         if bufs:
             hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None),
                           key=lambda h: -h[1])[:n]
