@@ -333,6 +333,19 @@ def do_status(args) -> int:
             for note in (e.get("space_note"), e.get("reason")):
                 if note:
                     print("    " + note.replace("\n", "\n    "))
+        store = st.get("store") or {}
+        if store.get("backend", "sqlite") != "sqlite":
+            line = f"store: {store['backend']} at {store.get('uri')}  {store.get('state')}"
+            if store.get("pending"):
+                line += f", {store['pending']}{'+' if store['pending'] >= 2048 else ''} " \
+                        f"chunks to push"
+            if store.get("collection"):
+                line += f"  collection {store['collection']}"
+            else:
+                line += "  (search reads SQLite meanwhile)"
+            print(line)
+            if store.get("error"):
+                print(f"    last error: {_one_line(store['error'])}")
         bad = [t for t in st.get("threads", []) if t["restarts"] or t["state"] != "running"]
         for t in bad:
             print(f"thread {t['name']}: {t['state']}, {t['restarts']} restarts"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import engine_config, small_vault, wait_embedded
+from conftest import engine_config, ragctl, small_vault, wait_embedded
 
 STORES = ["sqlite", "milvus"]
 
@@ -42,6 +42,8 @@ def test_search_edits_moves_and_restarts_through_the_store(make_daemon, tmp_path
     with d:
         st = in_sync(d)
         assert st["store"]["backend"] == backend
+        out = ragctl("--config", d.config, "status").stdout
+        assert ("store: milvus" in out and "in sync" in out) == (backend == "milvus"), out
         q = "how do I set up a custom status for my tasks"
         for mode in ("hybrid", "vector", "bm25"):
             res = d.call("search", query=q, mode=mode, k=5)
@@ -109,6 +111,8 @@ def test_milvus_down_answers_from_sqlite(make_daemon, tmp_path):
         assert res["results"] and res["store"].startswith("sqlite (milvus ")
         st = d.call("status")
         assert st["store"]["pending"] > 0 and st["store"]["collection"] is None
+        out = ragctl("--config", d.config, "status").stdout
+        assert "search reads SQLite meanwhile" in out and "last error" in out, out
 
 
 def test_a_model_switch_with_milvus_never_mixes_vector_spaces(make_daemon, tmp_path):
