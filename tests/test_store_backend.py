@@ -146,3 +146,41 @@ def test_a_model_switch_with_milvus_never_mixes_vector_spaces(make_daemon, tmp_p
         s2 = st["engines"]["embedding"]["space"]
         assert s2 != s1 and st["store"]["collection"] == f"ragd_s{s2}"
         assert any(s.startswith("sqlite (milvus") for s in stores), stores  # the fill
+
+
+def test_kill_9_during_the_milvus_sync_converges_to_the_same_chunks(make_daemon, tmp_path):
+    """kill -9 while the index is embedded and pushed, four times: after a clean run, Milvus
+    holds exactly SQLite's chunks, each marked embedded exactly when its vector is cached."""
+    import signal
+    import sqlite3
+
+    from pymilvus import MilvusClient
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=store_extra("milvus"))
+    for i in range(4):
+        d.start()
+        time.sleep(1 + i)
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+    with d:
+        in_sync(d)
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    chunks = {r[0] for r in db.execute("SELECT id FROM chunks")}
+    space = int(db.execute("SELECT value FROM meta WHERE key = 'active_space'").fetchone()[0])
+    embedded = {r[0] for r in db.execute(
+        "SELECT c.id FROM chunks c JOIN embeddings e ON e.space = ? AND "
+        "e.text_hash = c.embed_hash", (space,))}
+    name = db.execute("SELECT value FROM meta WHERE key = 'store_collection'").fetchone()[0]
+    assert name == f"ragd_s{space}" and len(chunks) > 100
+    assert db.execute("SELECT COUNT(*) FROM store_outbox").fetchone()[0] == 0
+    client = MilvusClient(str(tmp_path / "data" / "milvus.db"))
+    try:
+        client.load_collection(name)
+        rows = client.query(name, filter="id >= 0", output_fields=["id", "embedded"],
+                            limit=16384)
+        assert {r["id"] for r in rows} == chunks and len(rows) == len(chunks)
+        assert {r["id"] for r in rows if r["embedded"]} == embedded == chunks
+        assert client.list_collections() == [name]
+    finally:
+        client.close()
