@@ -74,7 +74,8 @@ def milvus_one_query(work: Path, root: Path) -> dict:
     path_of = dict(db.execute("SELECT c.id, f.relpath FROM chunks c JOIN files f "
                               "ON f.id = c.file_id"))
     ms = MilvusStore(data / "index.sqlite3", data, "", "ragd")
-    ms.client, ms.collection = MilvusClient(uri=str(data / "milvus.db")), name
+    space = int(db.execute("SELECT value FROM meta WHERE key = 'active_space'").fetchone()[0])
+    ms.client, ms.view = MilvusClient(uri=str(data / "milvus.db")), (name, space)
     ms.client.load_collection(name)
     model = ResolvedModel(EMBED_MODEL.stem, EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0,
                           None)
@@ -86,7 +87,7 @@ def milvus_one_query(work: Path, root: Path) -> dict:
         for q in evaluate.load(QUESTIONS):
             qv = engine.client.embed([q["question"]])[0]
             t = time.perf_counter()
-            hits = ms.hybrid(db, q["question"], qv, 100)
+            hits = ms.hybrid(ms.view, db, q["question"], qv, 100)
             lat.append((time.perf_counter() - t) * 1e3)
             ranked: list[str] = []
             for cid, _ in hits:

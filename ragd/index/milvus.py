@@ -125,8 +125,10 @@ class MilvusStore:
         self.uri = uri or str(data_dir / "milvus.db")
         self.prefix = collection
         self.client = None
-        self.collection: str | None = None  # the active space's, once it has every chunk
-        self.space: int | None = None  # the vector space the collection holds
+        # (collection, vector space) search may read: the active space's collection once it
+        # has every chunk, else None. One attribute, set in one assignment: a search takes it
+        # once and reads that collection throughout, whatever the sync thread does meanwhile.
+        self.view: tuple[str, int] | None = None
         self.state = "starting"
         self.error: str | None = None
         self.pushed = 0
@@ -163,7 +165,12 @@ class MilvusStore:
 
     @property
     def serving(self) -> bool:
-        return self.collection is not None and self.client is not None
+        return self.view is not None and self.client is not None
+
+    @property
+    def collection(self) -> str | None:
+        v = self.view
+        return v[0] if v else None
 
     def wait_synced(self, timeout: float) -> bool:
         """Wait until the outbox is empty (search --wait: what is committed is searchable)."""
@@ -254,7 +261,7 @@ class MilvusStore:
         if self.collection != name:
             # a collection found at start is 'released' (on disk only) until loaded
             self.client.load_collection(name)
-        self.collection, self.space = name, space
+        self.view = (name, space)
         self.state = "in sync"
         self._set_pending(0, seen)
         self._sleep()
@@ -275,7 +282,7 @@ class MilvusStore:
         c = self.client
         # search reads SQLite until this collection has every chunk: the one before holds
         # another model's vectors (and no longer gets the edits)
-        self.collection = self.space = None
+        self.view = None
         if c.has_collection(name):
             c.drop_collection(name)  # a fill that did not finish: start over
         schema = c.create_schema(auto_id=False)
@@ -344,34 +351,34 @@ class MilvusStore:
 
     def _client(self):
         c = self.client
-        if c is None or self.collection is None:
+        if c is None:
             raise RuntimeError(f"milvus is {self.state}")
         return c
 
-    def bm25(self, db, query: str, n: int, files=None) -> list[tuple[int, float]]:
+    def bm25(self, view, db, query: str, n: int, files=None) -> list[tuple[int, float]]:
         """The top n chunks by Milvus' BM25 (score: higher is better)."""
         words = bm25.index_tokens(db, [query])[0]
         if not words:
             return []
-        res = self._client().search(self.collection, data=[words], anns_field="sparse", limit=n,
+        res = self._client().search(view[0], data=[words], anns_field="sparse", limit=n,
                                  filter=_expr_files(files),
                                  search_params={"metric_type": "BM25"})
         # Milvus Lite reports BM25 as a negative distance, a server as a positive score:
         # the order is the one given, the magnitude the score.
         return [(int(h["id"]), abs(float(h["distance"]))) for h in res[0]]
 
-    def dense(self, qv: np.ndarray, n: int, files=None) -> tuple[np.ndarray, np.ndarray]:
+    def dense(self, view, qv: np.ndarray, n: int, files=None) -> tuple[np.ndarray, np.ndarray]:
         expr = "embedded == true"
         if files is not None:
             expr += " and " + _expr_files(files)
-        res = self._client().search(self.collection, data=[np.asarray(qv, np.float32).tolist()],
+        res = self._client().search(view[0], data=[np.asarray(qv, np.float32).tolist()],
                                  anns_field="dense", limit=n, filter=expr,
                                  search_params={"metric_type": "COSINE"})
         hits = res[0]
         return (np.array([int(h["id"]) for h in hits], dtype=np.int64),
                 np.array([float(h["distance"]) for h in hits], dtype=np.float32))
 
-    def hybrid(self, db, query: str, qv: np.ndarray, n: int, rrf_k: int = 60,
+    def hybrid(self, view, db, query: str, qv: np.ndarray, n: int, rrf_k: int = 60,
                files=None) -> list[tuple[int, float]]:
         """Milvus' own hybrid search: both rankings and their RRF in one request."""
         from pymilvus import AnnSearchRequest, RRFRanker
@@ -382,5 +389,5 @@ class MilvusStore:
                                  param={"metric_type": "BM25"}),
                 AnnSearchRequest(data=[np.asarray(qv, np.float32).tolist()], anns_field="dense",
                                  limit=n, expr=dexpr, param={"metric_type": "COSINE"})]
-        res = self._client().hybrid_search(self.collection, reqs, RRFRanker(rrf_k), limit=n)
+        res = self._client().hybrid_search(view[0], reqs, RRFRanker(rrf_k), limit=n)
         return [(int(h["id"]), float(h["distance"])) for h in res[0]]

@@ -123,9 +123,12 @@ class Searcher:
                 b.file_id for b in bufs if b.file_id is not None))
             bufs = [b for b in bufs if filters.admits_buffer(b.source, b.rel)]
         info: dict = {"mode": mode, "reranked": False, "timings": timings}
+        # the Milvus collection this search reads (taken once), or None: SQLite
+        view = self.backend.view if self.backend is not None and self.backend.serving \
+            else None
         if self.backend is not None:
-            info["store"] = ("milvus" if self.backend.serving else
-                             f"sqlite (milvus {self.backend.state})")
+            info["store"] = "milvus" if view else f"sqlite (milvus {self.backend.state})"
+        info["_view"] = view
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
         parts: dict[int, dict] = {}
@@ -149,6 +152,7 @@ class Searcher:
                 mode = info["mode"] = "bm25"
         elif mode == "bm25":
             self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info)
+        info.pop("_view", None)  # the rankings are done
         t = time.perf_counter()
 
         if not self._anything_relevant(db, query, mode, filters, lists, info):
@@ -253,9 +257,10 @@ class Searcher:
                       info=None, share: float = bm25.COMMON_SHARE) -> None:
         t = time.perf_counter()
         hits = None
-        if self._use_backend():
+        view = info.get("_view") if info is not None else None
+        if view is not None:
             try:
-                hits = self.backend.bm25(db, query, n, filters.file_ids(db) if filters.active
+                hits = self.backend.bm25(view, db, query, n, filters.file_ids(db) if filters.active
                                          else None)
             except Exception as e:  # Milvus failing: this ranking from SQLite, said so
                 if info is not None:
@@ -282,12 +287,13 @@ class Searcher:
         vi = space.vectors
         files = filters.file_ids(db) if filters.active else None
         ids = None
-        if self._use_backend() and self.backend.space != space.id:
+        view = info.get("_view")
+        if view is not None and view[1] != space.id:
             # just after a model switch: the collection holds the other model's vectors
             info["store"] = "sqlite (milvus holds another vector space)"
-        elif self._use_backend():
+        elif view is not None:
             try:
-                ids, cos = self.backend.dense(qv, n, files)
+                ids, cos = self.backend.dense(view, qv, n, files)
                 info["store_space"] = space.id  # the collection's, checked equal above
             except Exception as e:  # Milvus failing: this ranking from the local index
                 info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
@@ -311,9 +317,6 @@ class Searcher:
             parts.setdefault(cid, {})["vector"] = round(float(c), 6)
         info["timings"]["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         return None
-
-    def _use_backend(self) -> bool:
-        return self.backend is not None and self.backend.serving
 
     def _rerank(self, db, query: str, ranked: list[Candidate], top: list[Candidate],
                 info: dict) -> None:
