@@ -169,6 +169,18 @@ def make_daemon(tmp_path):
         d.kill()
 
 
+@pytest.fixture
+def daemon(make_daemon, tmp_path):
+    """A running BM25-only daemon over small_vault (as a folder), indexed: the editors' tests
+    talk to it; d.vault is the vault."""
+    vault = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}])
+    with d:
+        d.wait_idle()
+        d.vault = vault
+        yield d
+
+
 def no_dac() -> list[str]:
     """A command prefix that makes file permissions bite: as root, drop the capabilities that
     override them (CI runs as root); as anyone else, nothing."""

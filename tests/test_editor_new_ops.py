@@ -23,16 +23,6 @@ STATUSES = "How To/Set up custom statuses.md"
 
 
 @pytest.fixture
-def daemon(make_daemon, tmp_path):
-    vault = small_vault(tmp_path / "vault")
-    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}])
-    with d:
-        d.wait_idle()
-        d.vault = vault
-        yield d
-
-
-@pytest.fixture
 def engine_daemon(make_daemon, tmp_path):
     vault = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}],

@@ -20,15 +20,6 @@ QUERY = "custom statuses"
 pytestmark = pytest.mark.parametrize("nvim_name", ["nvim0.7", "nvim-current"])
 
 
-@pytest.fixture
-def daemon(make_daemon, tmp_path):
-    vault = small_vault(tmp_path / "vault")
-    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}])
-    with d:
-        d.wait_idle()
-        yield d
-
-
 def test_search_returns_the_daemons_results(daemon, nvim_name, tmp_path):
     nvim = require_nvim(nvim_name)
     want = daemon.call("search", query=QUERY, k=5, mode="bm25")

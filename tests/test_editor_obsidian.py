@@ -13,7 +13,6 @@ import sys
 
 import pytest
 
-from conftest import small_vault
 from editors import OBSIDIAN, npm
 from ragd import protocol as P
 
@@ -38,16 +37,6 @@ def run_node(node_tests, name: str, env: dict, timeout: float = 180) -> str:
     m = re.search(r"ℹ pass (\d+)\s+ℹ fail (\d+)", out)
     assert m and int(m.group(1)) > 0 and m.group(2) == "0", out
     return out
-
-
-@pytest.fixture
-def daemon(make_daemon, tmp_path):
-    vault = small_vault(tmp_path / "vault")
-    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}])
-    with d:
-        d.wait_idle()
-        d.vault = vault
-        yield d
 
 
 def daemon_env(d, expect: dict | None = None) -> dict:
