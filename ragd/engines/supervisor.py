@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import itertools
 import logging
 import os
 import select
@@ -123,21 +122,13 @@ def child_env() -> dict[str, str]:
             if not (k.startswith("LLAMA_ARG_") or k == "LLAMA_API_KEY")}
 
 
-# Each engine gets a socket path of its own: after a model switch the new query engine starts
-# while the old one stops, and a second switch starts an "embedding-next" beside the promoted
-# one. With one path per role, the new engine's start unlinked the live socket of the old,
-# and the old one's stop unlinked the new one's: the query engine answered "no engine" until
-# a restart.
-_serial = itertools.count(1)
-
-
 class Engine:
     def __init__(self, role: str, model: ResolvedModel, settings: EngineSettings,
                  run_dir: Path, log_dir: Path):
         self.role = role
         self.model = model
         self.settings = settings
-        self.socket = run_dir / f"{role}-{next(_serial)}.sock"
+        self.socket = run_dir / f"{role}.sock"
         self.log_path = log_dir / f"{role}.log"
         self.client = EngineClient(str(self.socket))
         self.state = STOPPED
