@@ -162,13 +162,17 @@ class Engines:
             old = [e for e in (self.embed_engine, self.query_engine) if e is not None]
             self.embed_model, self.embed_engine = self.next_model, self.next_engine
             self.next_model = self.next_engine = None
-            self.query_engine = None
+            self.query_engine = None  # queries go to the promoted engine meanwhile
+        # The old engines stop before the new query engine starts: both use query.sock, and
+        # each unlinks it (at start, at stop) — started first, the new one lost its socket
+        # to the old one's stop, and search answered degraded until a restart.
+        for e in old:
+            e.stop()
+        with self._lock:
             if self.cfg.query_engine and not self._stopped.is_set():
                 self.query_engine = Engine("query", self.embed_model, dataclasses.replace(
                     self.settings, threads=1), run_dir, log_dir)
                 self.query_engine.start()
-        for e in old:
-            e.stop()
 
     def drop_next(self) -> None:
         """The switch is cancelled: the new model's engine stops."""
