@@ -45,13 +45,23 @@ def quiet_config(cfg: Path) -> Path:
 def ready(d: Daemon, vectors: bool, timeout: float = 7200) -> dict:
     """Block until indexed (and embedded): the daemon's wait op, no polling. With the Milvus
     store, also until its collection has every chunk (a first fill is not a change the wait
-    op tracks: its status is read every half second, before anything is measured)."""
+    op tracks: its status is read every half second, before anything is measured), and until
+    the tantivy BM25 index has every chunk (idem)."""
     st = d.wait_idle(timeout=timeout, vectors=vectors)
     deadline = time.monotonic() + timeout
-    while st.get("store", {}).get("backend") == "milvus" and not (
-            st["store"]["state"] == "in sync" and st["store"]["pending"] == 0):
+
+    def behind(st) -> str | None:
+        if st.get("store", {}).get("backend") == "milvus" and not (
+                st["store"]["state"] == "in sync" and st["store"]["pending"] == 0):
+            return f"the Milvus store did not catch up: {st['store']}"
+        text = st.get("bm25_index", {})
+        if text.get("engine") == "tantivy" and not (text["serving"] and text["pending"] == 0):
+            return f"the tantivy index did not catch up: {text}"
+        return None
+
+    while (why := behind(st)) is not None:
         if time.monotonic() > deadline:
-            raise SystemExit(f"the Milvus store did not catch up: {st['store']}")
+            raise SystemExit(why)
         time.sleep(0.5)
         st = d.call("status")
     return st

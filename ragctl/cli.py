@@ -346,6 +346,17 @@ def do_status(args) -> int:
             print(line)
             if store.get("error"):
                 print(f"    last error: {_one_line(store['error'])}")
+        text = st.get("bm25_index") or {}
+        if text.get("engine") == "tantivy":
+            line = f"bm25: tantivy, {text.get('state')}"
+            if text.get("pending"):
+                line += f", {text['pending']}{'+' if text['pending'] >= 8192 else ''} " \
+                        f"chunks to add"
+            if not text.get("serving"):
+                line += "  (FTS5 answers meanwhile)"
+            print(line)
+            if text.get("error"):
+                print(f"    last error: {_one_line(text['error'])}")
         bad = [t for t in st.get("threads", []) if t["restarts"] or t["state"] != "running"]
         for t in bad:
             print(f"thread {t['name']}: {t['state']}, {t['restarts']} restarts"

@@ -43,6 +43,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "rrf_k": (int, 60),
         "min_similarity": (float, -1.0),
         "rerank": (bool, True),
+        "bm25_index": (str, "tantivy"),
     },
     "engines": {
         "llama_server": (str, ""),
@@ -99,6 +100,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
 }
 SEARCH_MODES = ("hybrid", "vector", "bm25")
 STORE_BACKENDS = ("sqlite", "milvus")
+BM25_INDEXES = ("tantivy", "fts5")
 POOLINGS = ("", "mean", "cls", "last", "rank", "none")
 SOURCE_SCHEMA: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "name": (str, None),
@@ -138,6 +140,7 @@ class Config:
     rrf_k: int = 60
     min_similarity: float = -1.0
     rerank: bool = True
+    bm25_index: str = "tantivy"
     llama_server: str = ""
     engine_threads: int = 2
     engine_startup_timeout: float = 60.0
@@ -308,6 +311,9 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
     if st["backend"] not in STORE_BACKENDS:
         raise ConfigError(f"{where}: store.backend must be one of {', '.join(STORE_BACKENDS)}, "
                           f"got {st['backend']!r}")
+    if se["bm25_index"] not in BM25_INDEXES:
+        raise ConfigError(f"{where}: search.bm25_index must be one of {', '.join(BM25_INDEXES)}, "
+                          f"got {se['bm25_index']!r}")
     if not st["collection"].replace("_", "").isalnum() or not st["collection"][:1].isalpha():
         raise ConfigError(f"{where}: store.collection must be letters, digits and _, starting "
                           f"with a letter; got {st['collection']!r}")
@@ -322,6 +328,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   max_file_bytes=values["index"]["max_file_bytes"],
                   search_k=se["k"], search_candidates=se["candidates"], search_mode=se["mode"],
                   rrf_k=se["rrf_k"], min_similarity=se["min_similarity"], rerank=se["rerank"],
+                  bm25_index=se["bm25_index"],
                   llama_server=en["llama_server"], engine_threads=en["threads"],
                   engine_startup_timeout=en["startup_timeout"],
                   engine_max_restarts=en["max_restarts"],

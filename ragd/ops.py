@@ -147,7 +147,7 @@ class ReadPool:
 class Ops:
     def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None],
                  reload: Callable[[], dict] | None = None, vectors=None, embedding=None,
-                 backend=None):
+                 backend=None, text=None):
         self.cfg = cfg
         self.indexer = indexer
         self.engines = engines
@@ -161,7 +161,8 @@ class Ops:
         self.embedding = embedding  # index/switch.py: the embedder(s), a model switch
         self.buffers = BufferStore(cfg, engines, self.reads, self.vectors)
         self.backend = backend  # index/milvus.py, or None: SQLite + the local vector index
-        self.searcher = Searcher(cfg, engines, self.vectors, self.buffers, backend)
+        self.text = text  # index/textindex.py: the BM25 ranking's tantivy index, or None
+        self.searcher = Searcher(cfg, engines, self.vectors, self.buffers, backend, text)
         self.started = time.time()
         self.stopping = threading.Event()
 
@@ -221,6 +222,8 @@ class Ops:
             "threads": workers.all_status(),
             "store": (self.backend.status() if self.backend is not None
                       else {"backend": "sqlite"}),
+            "bm25_index": (self.text.status() if self.text is not None
+                           else {"engine": "fts5"}),
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,
                        "files_removed": s.files_removed, "files_moved": s.files_moved,
@@ -264,6 +267,9 @@ class Ops:
             emb = embedder()
             if self.backend is not None and self.backend.serving \
                     and not self.backend.wait_synced(left()):
+                return False
+            if self.text is not None and self.text.serving \
+                    and not self.text.wait_synced(left()):
                 return False
             if ((self.watcher is None or self.watcher.pending == 0) and self.indexer.idle
                     and (emb is None or emb.idle)):
@@ -320,10 +326,16 @@ class Ops:
                           f"got {mode!r}")
         filters = self.filters("search", sources, path, tag, since, before)
         with self.reads.conn(snapshot=True) as db:
-            ranked, info = self.searcher.run(db, query, k, mode, filters, rerank, group)
+            # the tantivy searcher holding exactly this snapshot's chunks, or why FTS5 answers
+            text_view = self.text.view(db) if self.text is not None else None
+            ranked, info = self.searcher.run(db, query, k, mode, filters, rerank, group,
+                                             text_view)
             t = time.perf_counter()
             grouped = notes.group(db, ranked, info.get("reranked", False), self.buffers)
-            conf = notes.confidence(db, query, grouped, self.buffers) if grouped else None
+            conf = notes.confidence(
+                db, query, grouped, self.buffers,
+                (self.text, text_view[0]) if text_view and text_view[0] else None
+            ) if grouped else None
             if group == "note":
                 results = self._note_results(db, grouped, k)
             else:

@@ -16,7 +16,7 @@ import time
 from ragd import __version__, config
 from ragd.engines.manager import Engines
 from ragd.events import EventBus
-from ragd.index import gc, milvus, store
+from ragd.index import gc, milvus, store, textindex
 from ragd.index.indexer import Indexer
 from ragd.index.switch import Embedding
 from ragd.index.vectorstore import VectorStore
@@ -46,7 +46,7 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "reranker_pooling": "reranker.pooling", "watch": "watch.enabled",
            "generator_model": "generator.model", "generator_context": "generator.context",
            "store_backend": "store.backend", "store_uri": "store.uri",
-           "store_collection": "store.collection"}
+           "store_collection": "store.collection", "bm25_index": "search.bm25_index"}
 
 
 MODEL_FIELDS = ("embedding_model", "embedding_pooling", "embedding_query_prefix",
@@ -81,11 +81,16 @@ class Runtime:
         self.backend = (milvus.MilvusStore(cfg.db_path, cfg.data_dir, cfg.store_uri,
                                            cfg.store_collection)
                         if cfg.store_backend == "milvus" else None)
+        # the keyword ranking's tantivy index (the Milvus store serves its own BM25)
+        self.text = (textindex.TextIndex(cfg.db_path, cfg.data_dir)
+                     if cfg.bm25_index == "tantivy" and self.backend is None else None)
         if self.backend is not None:
             self.vectors.committed_hook = self.backend.wake
+        if self.text is not None:
+            self.indexer.committed.append(self.text.wake)
         self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,
                        reload=self.reload, vectors=self.vectors, embedding=self.embedding,
-                       backend=self.backend)
+                       backend=self.backend, text=self.text)
         self.server = Server(cfg.socket, self.ops.dispatch, cfg.max_connections)
         self.watcher: Watcher | None = None
 
@@ -97,6 +102,7 @@ class Runtime:
         db = store.open_store(cfg.db_path)
         try:
             (milvus.install if self.backend is not None else milvus.uninstall)(db)
+            (textindex.install if self.text is not None else textindex.uninstall)(db)
         finally:
             db.close()
         # Queued before the socket opens: a client that sees the daemon answer never sees it
@@ -123,6 +129,8 @@ class Runtime:
             self.ops.buffers.start()
             if self.backend is not None:
                 self.backend.start()
+            if self.text is not None:
+                self.text.start()
             log.info("ready in %.3fs; indexing %d source(s) in the background",
                      time.monotonic() - t0, len(cfg.sources))
             self._schedule_gc(first=60.0)
@@ -144,6 +152,8 @@ class Runtime:
             self.ops.buffers.stop()
             if self.backend is not None:
                 self.backend.stop()
+            if self.text is not None:
+                self.text.stop()
             self.embedding.stop()  # the embedders write their spaces' snapshots
             self.engines.stop()
             self.ops.reads.close()

@@ -8,8 +8,11 @@ given the same tokens and parameters (all three columns: heading, keywords, body
 
 from __future__ import annotations
 
+import math
 import sqlite3
+import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from rank_bm25 import BM25Okapi
@@ -18,6 +21,7 @@ from conftest import copy_vault
 from ragd import config
 from ragd.index import store
 from ragd.index.indexer import Indexer
+from ragd.search import bm25
 from ragd.search.bm25 import fts_query
 
 
@@ -138,3 +142,55 @@ def test_hybrid_pruning_keeps_most_of_the_top_10(indexed, query):
     pruned = [h.chunk_id for h in bm25.search(indexed, query, 10,
                                               share=bm25.HYBRID_COMMON_SHARE)]
     assert len(set(full) & set(pruned)) >= 7, (query, bm25.prune_common(indexed, parts))
+
+
+class LuceneBM25(BM25Okapi):
+    """rank_bm25's Okapi BM25 with the IDF of Lucene and tantivy, ln(1 + (N - n + .5)/(n + .5)),
+    which stays positive for words in over half the rows."""
+
+    def _calc_idf(self, nd):
+        for word, freq in nd.items():
+            self.idf[word] = math.log(1 + (self.corpus_size - freq + 0.5) / (freq + 0.5))
+
+
+@pytest.fixture(scope="module")
+def tantivy_index(indexed, tmp_path_factory):
+    """The tantivy index of the same chunks, filled by its own sync thread."""
+    from ragd.index import textindex
+    db_path = Path(indexed.execute("PRAGMA database_list").fetchone()[2])
+    textindex.install(indexed)
+    ti = textindex.TextIndex(db_path, tmp_path_factory.mktemp("text"))
+    ti.start()
+    deadline = time.monotonic() + 120
+    while not ti.serving:
+        assert time.monotonic() < deadline, ti.status()
+        ti.wait_synced(1.0)
+    assert ti.wait_synced(60)
+    yield ti
+    ti.stop()
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_tantivy_bm25_matches_rank_bm25(indexed, tantivy_index, query):
+    """The tantivy index ranks as BM25 (k1 1.2, b 0.75) on the tokens it was given: each
+    chunk's text as FTS5 tokenizes it (textindex.search_text: heading and keywords twice).
+    tantivy stores a document's length in one byte (exact below 40 tokens, within ~1/16
+    above), so its scores are the reference's to within a few percent, not exactly."""
+    from ragd.index.textindex import search_text
+    rows = indexed.execute("SELECT id, heading, keywords, body FROM chunks ORDER BY id").fetchall()
+    ids = [r[0] for r in rows]
+    docs = [t.split() for t in bm25.index_tokens(indexed, [search_text(*r[1:]) for r in rows])]
+    ref = LuceneBM25(docs, k1=1.2, b=0.75)
+    q = [t for p in bm25.query_parts(query) for t in bm25.index_tokens(indexed, [p])[0].split()]
+    scores = dict(zip(ids, ref.get_scores(q)))
+    ref_top = sorted(scores, key=lambda i: -scores[i])[:10]
+    searcher, why = tantivy_index.view(indexed)
+    assert why == "tantivy"
+    got = tantivy_index.search(searcher, indexed, query, 10, share=1.0)
+    assert len(got) == 10 and tantivy_index.status()["pending"] == 0
+    for cid, score in got:  # each hit scores as the reference scores it
+        assert score == pytest.approx(scores[cid], rel=0.05), cid
+    # the same top 10, up to the length rounding: ranks may swap among near ties
+    assert len({c for c, _ in got} & set(ref_top)) >= 8, (got, ref_top)
+    kth = scores[ref_top[-1]]
+    assert all(scores[c] >= kth * 0.95 for c, _ in got)

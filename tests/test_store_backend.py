@@ -1,33 +1,50 @@
-"""The store backends through the same searches: SQLite + the local vector index (the default)
-and Milvus (Milvus Lite from its wheel: the same client API as a Milvus server), each behind
-the real daemon, the real engine and the real socket."""
+"""The store backends through the same searches: SQLite + the local vector index (the default,
+its BM25 ranking served by the tantivy index, or by FTS5 with bm25_index = "fts5") and Milvus
+(Milvus Lite from its wheel: the same client API as a Milvus server), each behind the real
+daemon, the real engine and the real socket."""
 
 from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import engine_config, ragctl, small_vault, wait_embedded
 
-STORES = ["sqlite", "milvus"]
+STORES = ["sqlite", "sqlite-fts5", "milvus"]
 
 
 def store_extra(backend: str) -> str:
+    if backend == "sqlite-fts5":
+        return engine_config(extra='[search]\nbm25_index = "fts5"\n')
     return engine_config(extra=f'[store]\nbackend = "{backend}"\n')
 
 
+def behind(st) -> bool:
+    if st["store"]["backend"] == "milvus" and not (
+            st["store"]["state"] == "in sync" and st["store"]["pending"] == 0):
+        return True
+    text = st["bm25_index"]
+    return text["engine"] == "tantivy" and not (text["serving"] and text["pending"] == 0)
+
+
 def in_sync(d, timeout: float = 120.0) -> dict:
-    """Until the index is idle, embedded, and (milvus) its mirror has every commit."""
+    """Until the index is idle, embedded, and its mirror (milvus) or its tantivy index has
+    every commit."""
     st = wait_embedded(d)
     deadline = time.monotonic() + timeout
-    while st["store"]["backend"] == "milvus" and not (
-            st["store"]["state"] == "in sync" and st["store"]["pending"] == 0):
-        assert time.monotonic() < deadline, st["store"]
+    while behind(st):
+        assert time.monotonic() < deadline, (st["store"], st["bm25_index"])
         time.sleep(0.2)
         st = d.call("status")
     return st
+
+
+def bm25_served_by(backend: str) -> str | None:
+    """What the reply's bm25_index says served the keyword ranking."""
+    return {"sqlite": "tantivy", "sqlite-fts5": None, "milvus": None}[backend]
 
 
 def paths(res) -> list[str]:
@@ -41,18 +58,29 @@ def test_search_edits_moves_and_restarts_through_the_store(make_daemon, tmp_path
                     extra=store_extra(backend))
     with d:
         st = in_sync(d)
-        assert st["store"]["backend"] == backend
+        store_name = backend.split("-")[0]
+        assert st["store"]["backend"] == store_name
+        assert st["bm25_index"]["engine"] == ("fts5" if backend != "sqlite" else "tantivy")
         out = ragctl("--config", d.config, "status").stdout
         assert ("store: milvus" in out and "in sync" in out) == (backend == "milvus"), out
+        assert ("bm25: tantivy, in sync" in out) == (backend == "sqlite"), out
         q = "how do I set up a custom status for my tasks"
         for mode in ("hybrid", "vector", "bm25"):
             res = d.call("search", query=q, mode=mode, k=5)
             assert res["mode"] == mode and not res.get("degraded"), res
-            assert res.get("store", "sqlite") == backend
+            assert res.get("store", "sqlite") == store_name
+            if mode != "vector":
+                assert res.get("bm25_index") == bm25_served_by(backend), res
             assert "Custom Statuses" in " ".join(paths(res)) or \
                 "Set up custom statuses.md" in paths(res), (mode, paths(res))
         # filters apply before the top k, in both rankings
         res = d.call("search", query=q, mode="hybrid", k=5, path="Other Plugins/*")
+        assert res["results"] and all("/Other Plugins/" in r["path"] for r in res["results"])
+        assert res.get("bm25_index") == bm25_served_by(backend), res
+        res = d.call("search", query="plugin", mode="bm25", k=50, group="chunk")
+        assert any("/Other Plugins/" not in r["path"] for r in res["results"]), res
+        res = d.call("search", query="plugin", mode="bm25", k=50, group="chunk",
+                     path="Other Plugins/*")
         assert res["results"] and all("/Other Plugins/" in r["path"] for r in res["results"])
 
         # an edit: a new word, found by BM25 and by its vector once --wait returns
@@ -88,8 +116,11 @@ def test_search_edits_moves_and_restarts_through_the_store(make_daemon, tmp_path
         assert st["sources"][0]["chunks"] == chunks
         if backend == "milvus":
             assert st["store"]["pushed"] == 0 and st["store"]["collection"], st["store"]
+        if backend == "sqlite":
+            assert st["bm25_index"]["pushed"] == 0, st["bm25_index"]
         res = d.call("search", query=q, mode="hybrid", k=5)
-        assert res.get("store", "sqlite") == backend and res["results"]
+        assert res.get("store", "sqlite") == store_name and res["results"]
+        assert res.get("bm25_index") == bm25_served_by(backend), res
 
 
 def test_milvus_down_answers_from_sqlite(make_daemon, tmp_path):
@@ -184,3 +215,61 @@ def test_kill_9_during_the_milvus_sync_converges_to_the_same_chunks(make_daemon,
         assert client.list_collections() == [name]
     finally:
         client.close()
+
+
+def tantivy_ids(data: Path) -> list[int]:
+    """The chunk ids the tantivy index in data/bm25 holds (read with the daemon stopped)."""
+    import tantivy
+
+    from ragd.index.textindex import _schema
+    ix = tantivy.Index(_schema(), path=str(data / "bm25"), reuse=True)
+    s = ix.searcher()
+    hits = s.search(tantivy.Query.all_query(), 100000, count=False).hits
+    return s.fast_field_values("id", [a for _, a in hits])
+
+
+def test_kill_9_during_the_tantivy_sync_converges_to_the_same_chunks(make_daemon, tmp_path):
+    """kill -9 while the tantivy index is filled and edits are synced, four times; then its
+    folder lost, then its folder garbage: after each clean run it holds exactly SQLite's
+    chunks, once each, and search reads it."""
+    import signal
+    import sqlite3
+
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    notes = sorted(root.rglob("*.md"))
+    for i in range(4):
+        d.start()
+        time.sleep(0.5 + i * 0.7)
+        for note in notes[i * 2:i * 2 + 2]:  # edits while it syncs
+            with open(note, "a", encoding="utf-8") as f:
+                f.write(f"\n\nEdit {i}: the wombatfalcon rule applies here.\n")
+        notes[-1 - i].unlink()
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+    data = tmp_path / "data"
+
+    def check() -> None:
+        db = sqlite3.connect(data / "index.sqlite3")
+        chunks = sorted(r[0] for r in db.execute("SELECT id FROM chunks"))
+        assert db.execute("SELECT COUNT(*) FROM text_outbox").fetchone()[0] == 0
+        db.close()
+        assert len(chunks) > 50 and sorted(tantivy_ids(data)) == chunks
+
+    for damage in (None, "lost", "garbage"):
+        if damage == "lost":
+            shutil.rmtree(data / "bm25")
+        elif damage == "garbage":
+            for f in (data / "bm25").iterdir():
+                if f.suffix in (".idx", ".term", ".json"):
+                    f.write_bytes(b"not an index")
+        with d:
+            in_sync(d)
+            res = d.call("search", query="wombatfalcon", mode="bm25", k=50, group="chunk")
+            assert res["bm25_index"] == "tantivy", res
+            assert len({r["path"] for r in res["results"]}) == 8, res
+        check()
+    log = (data / "ragd.log").read_text()
+    assert log.count("text index: filling") == 3, log  # the first, the lost, the garbage
+    assert "is unreadable or of another format" in log

@@ -108,6 +108,8 @@ class Indexer:
         # each commit with the lock held (the embedder, mirroring chunks into the vectors).
         self.listener = listener
         self.events = events  # an EventBus, or None
+        # told after each commit, with nothing held (the tantivy index's sync wakes on it)
+        self.committed: list[Callable[[], None]] = []
         self.cfg = cfg
         self.db_path = db_path
         self.stats = Stats(per_source={s.name: SourceState() for s in cfg.sources})
@@ -700,6 +702,11 @@ class Indexer:
                     except Exception:  # committed; the vectors catch up at the next start
                         log.exception("updating the vectors after a commit failed")
         self._publish()
+        for hook in self.committed:
+            try:
+                hook()
+            except Exception:  # committed all the same
+                log.exception("a commit hook failed")
 
     def _move_one(self, src: Source, item: Item, changes: store.Changes | None) -> None:
         """item.old was renamed or moved to item.rel. If the content is the same, the file row

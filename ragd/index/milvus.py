@@ -80,26 +80,14 @@ def install(db: sqlite3.Connection) -> None:
     """The outbox and its triggers (idempotent); the default store calls uninstall instead, so
     that SQLite alone pays nothing for them."""
     with store.transaction(db):
-        for stmt in _statements(TRIGGERS):
+        for stmt in store.script_statements(TRIGGERS):
             db.execute(stmt)
 
 
 def uninstall(db: sqlite3.Connection) -> None:
     with store.transaction(db):
-        for stmt in _statements(UNINSTALL):
+        for stmt in store.script_statements(UNINSTALL):
             db.execute(stmt)
-
-
-def _statements(script: str) -> list[str]:
-    # split on the ';' that end statements, not those inside a trigger's BEGIN ... END
-    out, cur = [], []
-    for line in script.strip().splitlines():
-        cur.append(line)
-        s = line.strip()
-        if s.endswith(";") and (s == "END;" or not any("BEGIN" in c for c in cur)):
-            out.append("\n".join(cur))
-            cur = []
-    return out
 
 
 def search_text(heading: str, keywords: str, body: str) -> str:

@@ -310,6 +310,20 @@ def rollback(db: sqlite3.Connection) -> None:
             pass
 
 
+def script_statements(script: str) -> list[str]:
+    """A SQL script's statements, split on the ';' that end them, not those inside a trigger's
+    BEGIN ... END (executescript would commit the caller's transaction)."""
+    # split on the ';' that end statements, not those inside a trigger's BEGIN ... END
+    out, cur = [], []
+    for line in script.strip().splitlines():
+        cur.append(line)
+        s = line.strip()
+        if s.endswith(";") and (s == "END;" or not any("BEGIN" in c for c in cur)):
+            out.append("\n".join(cur))
+            cur = []
+    return out
+
+
 @contextmanager
 def transaction(db: sqlite3.Connection, stop: threading.Event | None = None):
     """A write transaction that waits out a busy database (see begin). Any error inside the

@@ -96,9 +96,10 @@ def partial_rrf(lists: dict[str, list[int]], k: int, weights: dict[str, float],
 
 
 class Searcher:
-    def __init__(self, cfg, engines, vectors, buffers=None, backend=None):
+    def __init__(self, cfg, engines, vectors, buffers=None, backend=None, text=None):
         self.cfg = cfg
         self.backend = backend  # index/milvus.py: serves both rankings once in sync
+        self.text = text  # index/textindex.py: serves the BM25 ranking once filled
         self.engines = engines
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="query-embed")
         self.vectors = vectors  # the VectorStore (index/vectorstore.py)
@@ -112,9 +113,10 @@ class Searcher:
 
     def run(self, db: sqlite3.Connection, query: str, k: int, mode: str,
             filters: Filters | None, rerank: bool | None,
-            group: str = "chunk") -> tuple[list[Candidate], dict]:
+            group: str = "chunk", text_view=None) -> tuple[list[Candidate], dict]:
         """Rank chunks for the query. Returns (candidates best first, reply fields). For
-        group "note" the reranker sees the best chunk of each of the top notes."""
+        group "note" the reranker sees the best chunk of each of the top notes. text_view: what
+        TextIndex.view gave for this snapshot (the tantivy searcher, or why not)."""
         filters = filters or Filters()
         timings: dict[str, float] = {}
         bufs = self.buffers.active() if self.buffers is not None else []
@@ -139,8 +141,11 @@ class Searcher:
         # a hybrid search costs max(embedding, BM25), not their sum.
         embedding = self._embed_query(query, timings) if mode in ("hybrid", "vector") else None
         if mode == "hybrid":
+            # while vectors are coming hybrid keeps BM25's ranking: the one mode bm25 gives
+            share = (bm25.HYBRID_COMMON_SHARE if self._coverage(db) >= PARTIAL_FUSION_FROM
+                     else bm25.COMMON_SHARE)
             self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info,
-                               bm25.HYBRID_COMMON_SHARE)
+                               share, text_view)
         if mode in ("hybrid", "vector"):
             why_not = self._vector_ranking(db, embedding, n, filters, lists, parts, info, bufs)
             if why_not is not None:
@@ -148,10 +153,12 @@ class Searcher:
                 info["reason"] = why_not
                 info["requested_mode"] = mode
                 if mode == "vector":
-                    self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info)
+                    self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info,
+                                       text_view=text_view)
                 mode = info["mode"] = "bm25"
         elif mode == "bm25":
-            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info)
+            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info,
+                               text_view=text_view)
         info.pop("_view", None)  # the rankings are done
         t = time.perf_counter()
 
@@ -253,8 +260,17 @@ class Searcher:
 
         return self._pool.submit(embed)
 
+    def _coverage(self, db) -> float:
+        """The share of chunks the active vector space has a vector for (1.0 without one)."""
+        space = self.vectors.active
+        if space is None:
+            return 1.0
+        total = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'"
+                           ).fetchone()[0]
+        return min(1.0, len(space.vectors) / total) if total else 1.0
+
     def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, timings,
-                      info=None, share: float = bm25.COMMON_SHARE) -> None:
+                      info=None, share: float = bm25.COMMON_SHARE, text_view=None) -> None:
         t = time.perf_counter()
         hits = None
         view = info.get("_view") if info is not None else None
@@ -265,6 +281,18 @@ class Searcher:
             except Exception as e:  # Milvus failing: this ranking from SQLite, said so
                 if info is not None:
                     info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
+        if hits is None and text_view is not None and view is None:
+            searcher, why = text_view
+            if bufs:  # their scores are on FTS5's scale
+                why = "fts5 (unsaved editor buffers are searched)"
+            elif searcher is not None:
+                try:
+                    hits = self.text.search(searcher, db, query, n, share,
+                                            filters.file_ids(db) if filters.active else None)
+                except Exception as e:  # tantivy failing: FTS5 answers, said so
+                    why = f"fts5 (tantivy failed: {type(e).__name__}: {e})"[:300]
+            if info is not None:
+                info["bm25_index"] = why
         if hits is None:
             hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters, share)]
         if bufs:

@@ -109,16 +109,23 @@ def _files_of(db: sqlite3.Connection, ids: list[int], overlay=None) -> dict[int,
 
 
 def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
-               overlay=None) -> float | None:
+               overlay=None, text=None) -> float | None:
     """The IDF-weighted share of the query's content words found in one of the best notes
-    (0..1); None when the query has no content word."""
+    (0..1); None when the query has no content word. `text`: (the tantivy index, the searcher
+    of this snapshot), when it serves: its document frequencies and per-note lookups skip,
+    where FTS5's walk a word's whole doclist (16 ms a query at 100k chunks, tantivy 0.6)."""
     words = [w for w in bm25.content_terms(query) if not w.startswith('"')]
     if not words or not notes:
         return None if not words else 0.0
     rows = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'").fetchone()[0]
+    text, searcher = text if text is not None else (None, None)
+    stems = [t.split() for t in bm25.index_tokens(db, words)] if searcher is not None else None
     weights = {}
-    for w in words:
-        df = bm25.doc_freq(db, f'"{w}"')
+    for i, w in enumerate(words):
+        if stems is not None:
+            df = min((text.doc_freq(searcher, t) for t in stems[i]), default=0)
+        else:
+            df = bm25.doc_freq(db, f'"{w}"')
         weights[w] = math.log((rows + 1) / (df + 0.5)) if df else math.log(rows + 1)
     total = sum(weights.values())
     best = 0.0
@@ -128,9 +135,11 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
         if note.file_id < 0 and overlay is not None:  # an unsaved buffer: its own words
             hit = overlay.chunk(note.best.chunk_id)
             buffered = set().union(*(c.stems for c in hit[0].chunks)) if hit else set()
-        for w, weight in weights.items():
+        for i, (w, weight) in enumerate(weights.items()):
             if buffered is not None:
                 found = bool(set(bm25_stems(db, w)) & buffered)
+            elif stems is not None:
+                found = bool(stems[i]) and text.in_file(searcher, stems[i], note.file_id)
             else:
                 found = db.execute("SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid "
                                    "IN (SELECT id FROM chunks WHERE file_id = ?) LIMIT 1",

@@ -1,0 +1,403 @@
+"""The BM25 index: a tantivy index of the chunks' words, which serves the keyword ranking of
+hybrid and BM25 search (``[search] bm25_index = "tantivy"``, the default).
+
+Why a second full-text index beside FTS5: FTS5's ``bm25()`` scores every row a query word
+matches, so a natural question ("how do I ...") costs a walk of most of the index — 48 ms at
+100k chunks and 0.6 s at 1M here. tantivy's top-k skips what cannot enter the top (block-max
+WAND): the dev-set questions take 1.7 ms at 100k and 12.5 ms at 1M (2 cores, measured with
+bench/scale.py). One field, one BM25 (k1 1.2, b 0.75) over the chunk's heading, aliases and
+tags (twice: see search_text) and body.
+
+The words are FTS5's own: ``bm25.index_tokens`` gives each text as the porter tokenizer of
+chunks_fts sees it (stems, diacritics folded), tantivy only splits them on whitespace, and a
+query is tokenized the same way — so a word matches here exactly when it matches in FTS5.
+
+SQLite stays the record, FTS5 included: it serves the keyword ranking while this index is being
+filled (the first start, or after its folder was lost), for searches with filters or unsaved
+editor buffers (their scores are on FTS5's scale), and the literal and content-word checks.
+
+Keeping it in step — a transactional outbox, as the Milvus store does. Triggers on ``chunks``
+write the ids of chunks inserted, updated or deleted to ``text_outbox`` inside the writer's own
+transaction. One supervised thread (``text-sync``), woken after each of the indexer's commits,
+reads a batch, deletes those ids from tantivy, adds the ones that still exist, commits, and
+publishes the new searcher under the next generation number; then, in one SQLite transaction,
+removes the batch's rows (not those marked again meanwhile) and records that generation. A
+crash between the tantivy commit and that transaction redoes the batch: delete-then-add by id
+is idempotent.
+
+Never stale, never ahead: a search reads one SQLite snapshot, and it reads tantivy only when
+that snapshot's outbox is empty, through the searcher published under the snapshot's recorded
+generation (the last few are kept) — whose content is then exactly the snapshot's chunks. A
+commit not yet pushed (the few hundred ms after an edit, a move, or all through a bulk
+indexing) is answered by FTS5, which is always in the snapshot; the reply's ``bm25_index``
+says which answered.
+
+The folder's identity (a random name in a file beside the index) is recorded in SQLite's meta
+when a fill begins and marked complete when the fill ends; a folder that is missing,
+unreadable, of another format or not the one recorded is rebuilt from SQLite, and a fill a
+crash interrupted starts over.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from ragd.index import store
+from ragd.search import bm25
+from ragd.workers import Worker
+
+log = logging.getLogger("ragd.textindex")
+
+BATCH = 2048  # chunks per commit while in sync (an edit's chunks are far fewer)
+FILL_BATCH = 32768  # chunks per commit while filling: each commit writes a segment to merge
+HEAP_BYTES = 64_000_000
+KEEP_SEARCHERS = 4  # generations kept for searches whose snapshot is a commit or two behind
+IDLE_CHECK = 60.0  # seconds between looks at the outbox when no commit woke the thread
+
+TRIGGERS = """
+    CREATE TABLE IF NOT EXISTS text_outbox (chunk_id INTEGER NOT NULL UNIQUE);
+    CREATE TRIGGER IF NOT EXISTS text_chunks_ai AFTER INSERT ON chunks BEGIN
+        INSERT OR REPLACE INTO text_outbox (chunk_id) VALUES (new.id);
+    END;
+    CREATE TRIGGER IF NOT EXISTS text_chunks_au AFTER UPDATE OF heading, keywords, body
+    ON chunks BEGIN
+        INSERT OR REPLACE INTO text_outbox (chunk_id) VALUES (new.id);
+    END;
+    CREATE TRIGGER IF NOT EXISTS text_chunks_ad AFTER DELETE ON chunks BEGIN
+        INSERT OR REPLACE INTO text_outbox (chunk_id) VALUES (old.id);
+    END;
+"""
+UNINSTALL = """
+    DROP TRIGGER IF EXISTS text_chunks_ai;
+    DROP TRIGGER IF EXISTS text_chunks_au;
+    DROP TRIGGER IF EXISTS text_chunks_ad;
+    DROP TABLE IF EXISTS text_outbox;
+    DELETE FROM meta WHERE key IN ('text_index', 'text_synced');
+"""
+
+
+def install(db: sqlite3.Connection) -> None:
+    """The outbox and its triggers (idempotent)."""
+    with store.transaction(db):
+        for stmt in store.script_statements(TRIGGERS):
+            db.execute(stmt)
+
+
+def uninstall(db: sqlite3.Connection) -> None:
+    """No tantivy index (bm25_index = "fts5", or the Milvus store): SQLite pays nothing for it,
+    and a later install refills the folder from scratch."""
+    with store.transaction(db):
+        for stmt in store.script_statements(UNINSTALL):
+            db.execute(stmt)
+
+
+# The text a chunk is indexed as: its heading path and its note's aliases and tags twice, then
+# its body. FTS5 weighs a word of the heading or keywords columns 1.5 times one of the body;
+# tantivy has no such weights in one field, and a field each, their scores summed, ranked worse
+# (dev MRR@10 0.538). BM25 alone, in process — heading and keywords twice: dev MRR@10 0.657,
+# SciFact train nDCG@10 0.7054; once: 0.632, 0.7036; FTS5's weighted columns: 0.621, 0.7043.
+FORMAT = "1"  # of the indexed text and schema: another format rebuilds the folder
+
+
+def search_text(heading: str, keywords: str, body: str) -> str:
+    return "\n".join(p for p in (heading, keywords, heading, keywords, body) if p)
+
+
+def _schema():
+    import tantivy
+    sb = tantivy.SchemaBuilder()
+    sb.add_integer_field("id", stored=False, indexed=True, fast=True)
+    sb.add_integer_field("file_id", stored=False, indexed=True, fast=False)
+    sb.add_text_field("text", stored=False, tokenizer_name="whitespace",
+                      index_option="position")
+    return sb.build()
+
+
+class TextIndex:
+    """The tantivy index (its folder, its sync thread) and the BM25 ranking read from it."""
+
+    def __init__(self, db_path: Path, data_dir: Path):
+        self.db_path = db_path
+        self.dir = data_dir / "bm25"
+        self.index = None
+        self.schema = None
+        self.ident: str | None = None
+        # generation -> searcher, the last few published (replaced in one assignment)
+        self._published: dict[int, object] = {}
+        self._gen = 0
+        self._filled_here = False  # a fill begun by this run (not one a crash interrupted)
+        self.serving = False  # filled: search may read it (when in step with its snapshot)
+        self.state = "starting"
+        self.error: str | None = None
+        self.pushed = 0
+        self._writer = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._idle = threading.Condition()
+        self._pending = 1  # unknown until the first look
+        self._asked = 1  # wakes so far (each after a commit)
+        self._looked = 0  # the wakes the last empty look at the outbox had seen
+        self.worker = Worker("text-sync", self._run, backoff_start=2.0, backoff_max=60.0)
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.worker.stop()
+        self._writer = None  # (dropping the writer releases tantivy's lock)
+
+    def wake(self) -> None:
+        """Something was committed that may have marked chunks (called after commits)."""
+        with self._idle:
+            self._asked += 1
+        self._wake.set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Wait until the outbox is empty (search --wait: what is committed is searchable)."""
+        with self._idle:
+            self._asked += 1
+            want = self._asked
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._looked < want:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._idle.wait(min(left, 0.5))
+        return True
+
+    def status(self) -> dict:
+        out = {"engine": "tantivy", "path": str(self.dir), "state": self.state,
+               "serving": self.serving, "pending": self._pending, "pushed": self.pushed}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    # -- the sync thread ----------------------------------------------------------------------
+
+    def _open(self) -> None:
+        """Open the folder, or make a new one (a new identity: the next step fills it)."""
+        import tantivy
+        self.schema = _schema()
+        ident_file = self.dir / "ragd-ident"
+        try:
+            ident = ident_file.read_text().strip()
+            if not ident.startswith(f"{FORMAT}:"):
+                raise ValueError(f"format {ident.split(':')[0]!r}, not {FORMAT!r}")
+            index = tantivy.Index(self.schema, path=str(self.dir), reuse=True)
+        except (OSError, ValueError) as e:
+            if self.dir.exists():
+                log.warning("text index: %s is unreadable or of another format (%s); rebuilding it "
+                            "from the index",
+                            self.dir, e)
+                shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            index = tantivy.Index(self.schema, path=str(self.dir), reuse=False)
+            ident = f"{FORMAT}:{uuid.uuid4().hex}"
+            tmp = ident_file.with_suffix(".tmp")
+            tmp.write_text(ident)
+            tmp.replace(ident_file)
+        self.index, self.ident = index, ident
+        self._writer = index.writer(HEAP_BYTES, 1)
+        index.reload()
+        db = store.connect(self.db_path)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'text_synced'").fetchone()
+        finally:
+            db.close()
+        self._gen = int(row[0]) if row else 0
+        self._publish(self._gen)
+
+    def _publish(self, gen: int) -> None:
+        searcher = self.index.searcher()
+        kept = {g: s for g, s in self._published.items() if g > gen - KEEP_SEARCHERS}
+        kept[gen] = searcher
+        self._published = kept
+
+    def _run(self) -> None:
+        db = store.connect(self.db_path)
+        try:
+            while not self._stop.is_set():
+                try:
+                    if self._writer is None:
+                        self.state = "opening"
+                        self._open()
+                    self._step(db)
+                    self.error = None
+                except Exception as e:
+                    self.state = "retrying"
+                    self.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
+                    writer, self._writer = self._writer, None
+                    if writer is not None:
+                        try:
+                            writer.rollback()
+                        except Exception:  # the writer may be what failed
+                            pass
+                    raise
+        finally:
+            db.close()
+
+    def _step(self, db: sqlite3.Connection) -> None:
+        self._wake.clear()  # a wake from now on is seen by the next sleep
+        with self._idle:
+            seen = self._asked  # what an empty outbox below proves synced
+        row = db.execute("SELECT value FROM meta WHERE key = 'text_index'").fetchone()
+        recorded = row[0] if row else None
+        if recorded != self.ident and not (recorded == f"{self.ident} filling"
+                                           and self._filled_here):
+            self._begin_fill(db)
+            recorded = f"{self.ident} filling"
+        filling = recorded.endswith("filling")
+        batch = db.execute("SELECT rowid, chunk_id FROM text_outbox ORDER BY rowid LIMIT ?",
+                           (FILL_BATCH if filling else BATCH,)).fetchall()
+        if batch:
+            self.state = "filling" if filling else "syncing"
+            self._push(db, batch)
+            left = db.execute("SELECT COUNT(*) FROM (SELECT 1 FROM text_outbox LIMIT ?)",
+                              (BATCH * 4,)).fetchone()[0]
+            self._set_pending(left)
+            return
+        if recorded.endswith("filling"):
+            with store.transaction(db, self._stop):
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('text_index', ?)",
+                           (self.ident,))
+            log.info("text index: %s has every chunk (%d pushed)", self.dir, self.pushed)
+        self.serving = True
+        self.state = "in sync"
+        self._set_pending(0, seen)
+        self._wake.wait(IDLE_CHECK)
+
+    def _set_pending(self, n: int, seen: int | None = None) -> None:
+        with self._idle:
+            self._pending = n
+            if seen is not None:
+                self._looked = max(self._looked, seen)
+                self._idle.notify_all()
+
+    def _begin_fill(self, db: sqlite3.Connection) -> None:
+        """Mark every chunk for the folder's index, then empty it; search reads FTS5 meanwhile
+        (the meta says filling first: a crash in between starts the fill over)."""
+        self.serving = False
+        with store.transaction(db, self._stop):
+            db.execute("INSERT OR REPLACE INTO text_outbox (chunk_id) SELECT id FROM chunks")
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('text_index', ?)",
+                       (f"{self.ident} filling",))
+        self._writer.delete_all_documents()
+        self._writer.commit()
+        self._filled_here = True
+        self.state = "filling"
+        log.info("text index: filling %s", self.dir)
+
+    def _push(self, db: sqlite3.Connection, batch) -> None:
+        """Delete the batch's ids, add those that exist, commit once; then unmark the batch."""
+        import tantivy
+        w = self._writer
+        for i in range(0, len(batch), BATCH):
+            ids = [cid for _, cid in batch[i:i + BATCH]]
+            rows = db.execute(
+                f"SELECT id, file_id, heading, keywords, body FROM chunks "
+                f"WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
+            texts = bm25.index_tokens(db, [search_text(r[2], r[3], r[4]) for r in rows])
+            for cid in ids:
+                w.delete_documents_by_term("id", cid)
+            for (cid, fid, *_), text in zip(rows, texts):
+                w.add_document(tantivy.Document(id=cid, file_id=fid, text=text))
+        w.commit()
+        self.index.reload()
+        self._gen += 1  # never reused: a failed transaction below leaves a gap
+        gen = self._gen
+        self._publish(gen)
+        with store.transaction(db, self._stop):
+            for i in range(0, len(batch), BATCH):
+                rowids = [r for r, _ in batch[i:i + BATCH]]
+                db.execute(f"DELETE FROM text_outbox WHERE rowid IN "
+                           f"({','.join('?' * len(rowids))})", rowids)
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('text_synced', ?)",
+                       (str(gen),))
+        self.pushed += len(batch)
+
+    # -- search -------------------------------------------------------------------------------
+
+    def view(self, db: sqlite3.Connection):
+        """(the searcher whose content is exactly the chunks of db's snapshot, "tantivy"), or
+        (None, why FTS5 answers instead)."""
+        if not self.serving:
+            return None, f"fts5 (the tantivy index is {self.state})"
+        recorded, gen, behind = db.execute(
+            "SELECT (SELECT value FROM meta WHERE key = 'text_index'), "
+            "(SELECT value FROM meta WHERE key = 'text_synced'), "
+            "EXISTS (SELECT 1 FROM text_outbox)").fetchone()
+        if recorded != self.ident:
+            return None, "fts5 (the tantivy index is being filled)"
+        searcher = self._published.get(int(gen or 0))
+        if behind or searcher is None:
+            return None, "fts5 (the tantivy index is catching up with the last commit)"
+        return searcher, "tantivy"
+
+    @staticmethod
+    def doc_freq(searcher, token: str) -> int:
+        """Chunks holding an index token (a stem, as bm25.index_tokens gives it)."""
+        return searcher.doc_freq("text", token)
+
+    def in_file(self, searcher, tokens: list[str], file_id: int) -> bool:
+        """Does a chunk of the file hold these tokens (one token, or a phrase)?"""
+        import tantivy
+        q = (tantivy.Query.term_query(self.schema, "text", tokens[0]) if len(tokens) == 1 else
+             tantivy.Query.phrase_query(self.schema, "text", tokens))
+        q = tantivy.Query.boolean_query([
+            (tantivy.Occur.Must, q),
+            (tantivy.Occur.Must, tantivy.Query.term_query(self.schema, "file_id", file_id))])
+        return bool(searcher.search(q, 1, count=False).hits)
+
+    def search(self, searcher, db: sqlite3.Connection, query: str, n: int,
+               share: float = bm25.COMMON_SHARE, files=None) -> list[tuple[int, float]]:
+        """The top n chunks by BM25 (higher is better) for a free-text query, read from a
+        searcher `view` gave; its words dropped as bm25.prune_common drops them (found in over
+        `share` of the chunks); `files`: only chunks of these file ids."""
+        import tantivy
+        schema = self.schema
+        parts = bm25.query_parts(query)
+        if not parts or searcher is None:
+            return []
+        words = bm25.index_tokens(db, [p.strip('"') for p in parts])
+        total = max(searcher.num_docs, 1)
+        clauses, kept = [], []
+        for toks in words:
+            toks = toks.split()
+            if not toks:
+                continue
+            if len(toks) == 1:
+                q = tantivy.Query.term_query(schema, "text", toks[0])
+                common = searcher.doc_freq("text", toks[0]) > total * share
+            else:
+                q = tantivy.Query.phrase_query(schema, "text", toks)
+                common = min(searcher.doc_freq("text", t) for t in toks) > total * share
+            clauses.append(q)
+            if not common:
+                kept.append(q)
+        if not clauses:
+            return []
+        kept = kept or clauses  # only common words: keep them all (as prune_common does)
+        query_ = tantivy.Query.boolean_query([(tantivy.Occur.Should, q) for q in kept])
+        if files is not None:
+            query_ = tantivy.Query.boolean_query([
+                (tantivy.Occur.Must, query_),
+                (tantivy.Occur.Must, tantivy.Query.const_score_query(
+                    tantivy.Query.term_set_query(schema, "file_id", [int(f) for f in files]),
+                    0.0))])
+        hits = searcher.search(query_, n, count=False).hits
+        if not hits:
+            return []
+        ids = searcher.fast_field_values("id", [a for _, a in hits])
+        return [(int(cid), float(s)) for (s, _), cid in zip(hits, ids) if cid is not None]
