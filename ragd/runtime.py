@@ -71,6 +71,7 @@ class Runtime:
         self.embedding = Embedding(cfg, self.engines, self.vectors)
         self.indexer = Indexer(cfg, cfg.db_path, listener=self.vectors, events=EventBus())
         # [store] backend = "milvus": a mirror of the index in Milvus serves the rankings
+        self.backend: milvus.MilvusStore | None = None
         if cfg.store_backend == "milvus":
             try:
                 import pymilvus  # noqa: F401
@@ -78,14 +79,12 @@ class Runtime:
                 raise config.ConfigError(
                     f"{cfg.path or 'config'}: store.backend = \"milvus\" needs the Milvus "
                     f"client: pip install 'ragd[milvus]'") from None
-        self.backend = (milvus.MilvusStore(cfg.db_path, cfg.data_dir, cfg.store_uri,
-                                           cfg.store_collection)
-                        if cfg.store_backend == "milvus" else None)
+            self.backend = milvus.MilvusStore(cfg.db_path, cfg.data_dir, cfg.store_uri,
+                                              cfg.store_collection)
+            self.vectors.committed_hook = self.backend.wake
         # the keyword ranking's tantivy index (the Milvus store serves its own BM25)
         self.text = (textindex.TextIndex(cfg.db_path, cfg.data_dir)
                      if cfg.bm25_index == "tantivy" and self.backend is None else None)
-        if self.backend is not None:
-            self.vectors.committed_hook = self.backend.wake
         if self.text is not None:
             self.indexer.committed.append(self.text.wake)
         self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,

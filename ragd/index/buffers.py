@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,13 +201,15 @@ class BufferStore:
         return None
 
     def bm25_hits(self, db: sqlite3.Connection, query: str, bufs: list[Buffer],
-                  allowed: set[str] | None) -> list[tuple[int, float]]:
+                  allowed: set[str] | None,
+                  share: float = bm25.COMMON_SHARE) -> list[tuple[int, float]]:
         """(chunk id, score) of buffer chunks matching the query, with FTS5's bm25 over the
-        index's statistics (comparable with the index's own scores)."""
+        index's statistics and the same query words (comparable with the index's own
+        scores)."""
         parts = bm25.query_parts(query)
         if not parts or not bufs:
             return []
-        parts = bm25.prune_common(db, parts)
+        parts = bm25.prune_common(db, parts, share)
         rows, avgdl = self._corpus(db)
         terms = []
         for p in parts:
@@ -371,10 +373,7 @@ def _counts(db: sqlite3.Connection, text: str) -> dict[str, int]:
     """Stemmed token counts of a text, as the index's tokenizer makes them."""
     if not text:
         return {}
-    bm25._prepare(db)
-    db.execute("DELETE FROM temp.stem_q")
-    db.execute("INSERT INTO temp.stem_q (x) VALUES (?)", (text,))
-    return {t: n for t, n in db.execute("SELECT term, cnt FROM temp.stem_v")}
+    return dict(Counter(bm25.index_tokens(db, [text])[0].split()))
 
 
 def _stems(db: sqlite3.Connection, text: str) -> list[str]:

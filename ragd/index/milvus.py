@@ -4,8 +4,8 @@ mirrored into Milvus, which then serves BM25 and dense search.
 What moves and what stays: the daemon still watches, parses, chunks and embeds locally, and
 SQLite stays the record of files, chunks and the embedding cache (content-addressed per model:
 a rename still embeds nothing). Milvus holds, per chunk of the active vector space: its id, its
-file's id, its searchable text (heading, aliases and tags, body; BM25 by Milvus' own ``english``
-analyzer) and its vector. Search asks Milvus for the two rankings and fuses them as with the
+file's id, its searchable text (heading, aliases and tags, body, as the porter tokens FTS5
+makes of them: Milvus' BM25 function ranks them) and its vector. Search asks Milvus for the two rankings and fuses them as with the
 default store (weights, the similarity threshold, --explain, note grouping all stay ragd's).
 ``MilvusStore.hybrid`` is Milvus' own one-query fusion (two searches, RRF on the server): the
 bench measures it beside ragd's fusion.
@@ -105,6 +105,12 @@ def _expr_files(files) -> str:
     return "" if files is None else f"file_id in [{','.join(str(int(f)) for f in files)}]"
 
 
+def _expr_dense(files) -> str:
+    """Dense search sees only the chunks that have their vector (and pass the filters)."""
+    fexpr = _expr_files(files)
+    return "embedded == true" + (f" and {fexpr}" if fexpr else "")
+
+
 class MilvusStore:
     """The mirror (its sync thread) and the two rankings read from it."""
 
@@ -121,6 +127,7 @@ class MilvusStore:
         self.error: str | None = None
         self.pushed = 0
         self._filling: str | None = None  # a collection being filled (first sync, a switch)
+        self._checked: str | None = None  # the collection this client has seen exists
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle = threading.Condition()
@@ -208,7 +215,7 @@ class MilvusStore:
                     # SQLite, and the next try (after the worker's backoff) connects afresh
                     self.state = "retrying"
                     self.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
-                    client, self.client = self.client, None
+                    client, self.client, self._checked = self.client, None, None
                     if client is not None:
                         try:
                             client.close()
@@ -232,8 +239,12 @@ class MilvusStore:
         dims = db.execute("SELECT dims FROM spaces WHERE id = ?", (space,)).fetchone()[0]
         name = f"{self.prefix}_s{space}"
         synced = db.execute("SELECT value FROM meta WHERE key = 'store_collection'").fetchone()
-        if synced is None or synced[0] != name or not self.client.has_collection(name):
+        # Asked of Milvus once per client (a lost collection makes the requests fail, and a
+        # new client asks again), not at every batch or idle look.
+        if synced is None or synced[0] != name or (
+                self._checked != name and not self.client.has_collection(name)):
             self._begin_fill(db, name, dims, synced[0] if synced else None)
+        self._checked = name
         batch = db.execute("SELECT rowid, chunk_id FROM store_outbox ORDER BY rowid LIMIT ?",
                            (BATCH,)).fetchall()
         if batch:
@@ -356,11 +367,8 @@ class MilvusStore:
         return [(int(h["id"]), abs(float(h["distance"]))) for h in res[0]]
 
     def dense(self, view, qv: np.ndarray, n: int, files=None) -> tuple[np.ndarray, np.ndarray]:
-        expr = "embedded == true"
-        if files is not None:
-            expr += " and " + _expr_files(files)
         res = self._client().search(view[0], data=[np.asarray(qv, np.float32).tolist()],
-                                 anns_field="dense", limit=n, filter=expr,
+                                 anns_field="dense", limit=n, filter=_expr_dense(files),
                                  search_params={"metric_type": "COSINE"})
         hits = res[0]
         return (np.array([int(h["id"]) for h in hits], dtype=np.int64),
@@ -370,12 +378,11 @@ class MilvusStore:
                files=None) -> list[tuple[int, float]]:
         """Milvus' own hybrid search: both rankings and their RRF in one request."""
         from pymilvus import AnnSearchRequest, RRFRanker
-        fexpr = _expr_files(files)
-        dexpr = "embedded == true" + (f" and {fexpr}" if fexpr else "")
         reqs = [AnnSearchRequest(data=[bm25.index_tokens(db, [query])[0] or "-"],
-                                 anns_field="sparse", limit=n, expr=fexpr or None,
+                                 anns_field="sparse", limit=n, expr=_expr_files(files) or None,
                                  param={"metric_type": "BM25"}),
                 AnnSearchRequest(data=[np.asarray(qv, np.float32).tolist()], anns_field="dense",
-                                 limit=n, expr=dexpr, param={"metric_type": "COSINE"})]
+                                 limit=n, expr=_expr_dense(files),
+                                 param={"metric_type": "COSINE"})]
         res = self._client().hybrid_search(view[0], reqs, RRFRanker(rrf_k), limit=n)
         return [(int(h["id"]), float(h["distance"])) for h in res[0]]

@@ -130,7 +130,6 @@ class Searcher:
             else None
         if self.backend is not None:
             info["store"] = "milvus" if view else f"sqlite (milvus {self.backend.state})"
-        info["_view"] = view
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
         parts: dict[int, dict] = {}
@@ -144,22 +143,21 @@ class Searcher:
             # while vectors are coming hybrid keeps BM25's ranking: the one mode bm25 gives
             share = (bm25.HYBRID_COMMON_SHARE if self._coverage(db) >= PARTIAL_FUSION_FROM
                      else bm25.COMMON_SHARE)
-            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info,
-                               share, text_view)
+            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view,
+                               text_view, share)
         if mode in ("hybrid", "vector"):
-            why_not = self._vector_ranking(db, embedding, n, filters, lists, parts, info, bufs)
+            why_not = self._vector_ranking(db, embedding, n, filters, lists, parts, info, view,
+                                           bufs)
             if why_not is not None:
                 info["degraded"] = True
                 info["reason"] = why_not
                 info["requested_mode"] = mode
                 if mode == "vector":
-                    self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info,
-                                       text_view=text_view)
+                    self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view,
+                                       text_view)
                 mode = info["mode"] = "bm25"
         elif mode == "bm25":
-            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, timings, info,
-                               text_view=text_view)
-        info.pop("_view", None)  # the rankings are done
+            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view, text_view)
         t = time.perf_counter()
 
         if not self._anything_relevant(db, query, mode, filters, lists, info):
@@ -269,18 +267,19 @@ class Searcher:
                            ).fetchone()[0]
         return min(1.0, len(space.vectors) / total) if total else 1.0
 
-    def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, timings,
-                      info=None, share: float = bm25.COMMON_SHARE, text_view=None) -> None:
+    def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, info, view, text_view,
+                      share: float = bm25.COMMON_SHARE) -> None:
+        """Fill lists['bm25']: from the Milvus collection `view` when given, else from the
+        tantivy searcher of text_view when it holds this snapshot, else FTS5 (dropping query
+        words in over `share` of the rows)."""
         t = time.perf_counter()
         hits = None
-        view = info.get("_view") if info is not None else None
         if view is not None:
             try:
                 hits = self.backend.bm25(view, db, query, n, filters.file_ids(db) if filters.active
                                          else None)
             except Exception as e:  # Milvus failing: this ranking from SQLite, said so
-                if info is not None:
-                    info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
+                info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
         if hits is None and text_view is not None and view is None:
             searcher, why = text_view
             if bufs:  # their scores are on FTS5's scale
@@ -291,22 +290,22 @@ class Searcher:
                                             filters.file_ids(db) if filters.active else None)
                 except Exception as e:  # tantivy failing: FTS5 answers, said so
                     why = f"fts5 (tantivy failed: {type(e).__name__}: {e})"[:300]
-            if info is not None:
-                info["bm25_index"] = why
+            info["bm25_index"] = why
         if hits is None:
             hits = [(h.chunk_id, h.score) for h in bm25.search(db, query, n, filters, share)]
         if bufs:
-            hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None),
+            hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None, share),
                           key=lambda h: -h[1])[:n]
         lists["bm25"] = [cid for cid, _ in hits]
         for cid, score in hits:
             parts.setdefault(cid, {})["bm25"] = round(score, 6)
-        timings["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        info["timings"]["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
 
     def _vector_ranking(self, db, embedding, n, filters: Filters, lists, parts,
-                        info, bufs=()) -> str | None:
-        """Fill lists['vector'] from the query's embedding (a future); return why vectors
-        cannot be used, or None."""
+                        info, view=None, bufs=()) -> str | None:
+        """Fill lists['vector'] from the query's embedding (a future), from the Milvus
+        collection `view` when given and of the query's space; return why vectors cannot be
+        used, or None."""
         got = embedding.result()
         if isinstance(got, str):
             return got
@@ -315,7 +314,6 @@ class Searcher:
         vi = space.vectors
         files = filters.file_ids(db) if filters.active else None
         ids = None
-        view = info.get("_view")
         if view is not None and view[1] != space.id:
             # just after a model switch: the collection holds the other model's vectors
             info["store"] = "sqlite (milvus holds another vector space)"
