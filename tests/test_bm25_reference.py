@@ -194,3 +194,59 @@ def test_tantivy_bm25_matches_rank_bm25(indexed, tantivy_index, query):
     assert len({c for c, _ in got} & set(ref_top)) >= 8, (got, ref_top)
     kth = scores[ref_top[-1]]
     assert all(scores[c] >= kth * 0.95 for c, _ in got)
+
+
+def test_tantivy_answers_only_for_the_snapshot_it_holds(tmp_path):
+    """Never stale, never ahead: a search's snapshot with a commit the tantivy index has not
+    taken yet (the sync thread stopped here) is answered by FTS5, which finds the new word;
+    once synced, tantivy answers and finds it too. A snapshot taken before that sync keeps
+    reading the searcher of its own generation."""
+    from conftest import small_vault
+    from ragd.index import textindex
+    root = small_vault(tmp_path / "vault")
+    cfg = config.from_dict({"daemon": {"data_dir": str(tmp_path / "data")},
+                            "sources": [{"name": "v", "path": str(root)}]}, None)
+    store.open_store(cfg.db_path).close()
+    db = store.connect(cfg.db_path)
+    textindex.install(db)
+    ix = Indexer(cfg, cfg.db_path)
+    ix.start()
+    ix.request_scan()
+    assert ix.wait_idle(60)
+    ix.stop()
+
+    def synced_index() -> textindex.TextIndex:
+        ti = textindex.TextIndex(cfg.db_path, cfg.data_dir)
+        ti.start()
+        deadline = time.monotonic() + 60
+        while not (ti.serving and ti.wait_synced(1.0)):
+            assert time.monotonic() < deadline, ti.status()
+        return ti
+
+    ti = synced_index()
+    old_gen = ti._gen
+    ti.stop()  # no sync from here on
+    with store.transaction(db):
+        db.execute("UPDATE chunks SET body = body || ' zyzzogeton' WHERE id = "
+                   "(SELECT MIN(id) FROM chunks)")
+    searcher, why = ti.view(db)
+    assert searcher is None and why.startswith("fts5 (") and "catching up" in why
+    assert [h.chunk_id for h in bm25.search(db, "zyzzogeton", 5)] == \
+        [db.execute("SELECT MIN(id) FROM chunks").fetchone()[0]]
+
+    reader = store.connect(cfg.db_path)  # a snapshot taken before the sync below
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT COUNT(*) FROM text_outbox").fetchone()[0] == 1
+    ti2 = synced_index()  # takes the commit: a new generation
+    try:
+        searcher, why = ti2.view(db)
+        assert why == "tantivy" and ti2._gen > old_gen
+        hits = ti2.search(searcher, db, "zyzzogeton", 5)
+        assert [c for c, _ in hits] == [db.execute("SELECT MIN(id) FROM chunks").fetchone()[0]]
+        # the old snapshot still sees its outbox entry: FTS5 for it, not the newer searcher
+        assert ti2.view(reader)[0] is None
+    finally:
+        reader.rollback()
+        reader.close()
+        ti2.stop()
+        db.close()
