@@ -89,6 +89,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "backend": (str, "sqlite"),
         "uri": (str, ""),
         "collection": (str, "ragd"),
+        "token": (str, ""),
     },
     "generator": {
         "model": (str, ""),
@@ -169,6 +170,7 @@ class Config:
     store_backend: str = "sqlite"
     store_uri: str = ""
     store_collection: str = "ragd"
+    store_token: str = ""
     gc_grace_hours: float = 24.0
     gc_interval_hours: float = 1.0
     watch: bool = True
@@ -345,7 +347,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   generator_max_tokens=ge["max_tokens"], generator_notes=ge["notes"],
                   generator_temperature=ge["temperature"],
                   store_backend=st["backend"], store_uri=st["uri"],
-                  store_collection=st["collection"],
+                  store_collection=st["collection"], store_token=st["token"],
                   gc_grace_hours=values["gc"]["grace_hours"],
                   gc_interval_hours=values["gc"]["interval_hours"],
                   watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],

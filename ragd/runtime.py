@@ -46,7 +46,8 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "reranker_pooling": "reranker.pooling", "watch": "watch.enabled",
            "generator_model": "generator.model", "generator_context": "generator.context",
            "store_backend": "store.backend", "store_uri": "store.uri",
-           "store_collection": "store.collection", "bm25_index": "search.bm25_index"}
+           "store_collection": "store.collection", "bm25_index": "search.bm25_index",
+           "store_token": "store.token"}
 
 
 MODEL_FIELDS = ("embedding_model", "embedding_pooling", "embedding_query_prefix",
@@ -80,7 +81,7 @@ class Runtime:
                     f"{cfg.path or 'config'}: store.backend = \"milvus\" needs the Milvus "
                     f"client: pip install 'ragd[milvus]'") from None
             self.backend = milvus.MilvusStore(cfg.db_path, cfg.data_dir, cfg.store_uri,
-                                              cfg.store_collection)
+                                              cfg.store_collection, cfg.store_token)
             self.vectors.committed_hook = self.backend.wake
         # the keyword ranking's tantivy index (the Milvus store serves its own BM25)
         self.text = (textindex.TextIndex(cfg.db_path, cfg.data_dir)

@@ -114,9 +114,11 @@ def _expr_dense(files) -> str:
 class MilvusStore:
     """The mirror (its sync thread) and the two rankings read from it."""
 
-    def __init__(self, db_path: Path, data_dir: Path, uri: str, collection: str):
+    def __init__(self, db_path: Path, data_dir: Path, uri: str, collection: str,
+                 token: str = ""):
         self.db_path = db_path
         self.uri = uri or str(data_dir / "milvus.db")
+        self._token = token  # never logged nor shown in status
         self.prefix = collection
         self.client = None
         # (collection, vector space) search may read: the active space's collection once it
@@ -198,7 +200,7 @@ class MilvusStore:
         from pymilvus import MilvusClient  # only with [store] backend = "milvus"
         if "://" not in self.uri:
             Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
-        return MilvusClient(uri=self.uri)
+        return MilvusClient(uri=self.uri, token=self._token)
 
     def _run(self) -> None:
         db = store.connect(self.db_path)
