@@ -1,6 +1,7 @@
 """Exact matrix against the HNSW graph, on the vectors of a built index: recall and latency.
 
     python bench/ann.py --index DIR/data/index.sqlite3 [--queries 200] [--sizes 10000,100000]
+    python bench/ann.py --index A/index.sqlite3 B/index.sqlite3 --sizes 10000,40000  (real vectors)
 
 Vectors: every chunk's vector of the index's active space (for an index from bench/scale.py,
 2,000 real MiniLM vectors of distinct base texts and noisy copies of them; for an index of a
@@ -43,6 +44,25 @@ def load(index: Path, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, files, mat
 
 
+def load_distinct(indexes: list[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The vectors of every distinct text the chunks of these indexes use (a text repeated in
+    many chunks, or in two indexes, counts once: copies would make the top 10 ties), in a fixed
+    shuffled order so that each size mixes the indexes. Ids are row numbers."""
+    seen: dict[str, np.ndarray] = {}
+    for index in indexes:
+        db = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+        space = int(db.execute("SELECT value FROM meta WHERE key = 'active_space'"
+                               ).fetchone()[0])
+        for h, blob in db.execute("SELECT text_hash, vector FROM embeddings WHERE space = ? AND "
+                                  "text_hash IN (SELECT embed_hash FROM chunks)", (space,)):
+            seen.setdefault(h, from_blob(blob))
+        db.close()
+    mat = np.vstack(list(seen.values())).astype(np.float32)
+    mat = mat[np.random.default_rng(0).permutation(len(mat))]
+    ids = np.arange(len(mat), dtype=np.int64)
+    return ids, ids.copy(), mat
+
+
 def embed(qs: list[str], model_path: Path) -> np.ndarray:
     model = ResolvedModel(model_path.stem, model_path, "embedding", "mean", 512, "", "", 0.0,
                           None)
@@ -70,13 +90,19 @@ def timed_search(index, qv: np.ndarray, k: int) -> tuple[list[set], list[float]]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--index", type=Path, required=True)
+    ap.add_argument("--index", type=Path, required=True, nargs="+",
+                    help="one index: its chunks' vectors in id order; several: the distinct "
+                         "vectors of all of them, shuffled (real vectors from several corpora)")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--model", type=Path, default=EMBED_MODEL)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    ids, files, mat = load(args.index, max(sizes))
+    if len(args.index) == 1:
+        ids, files, mat = load(args.index[0], max(sizes))
+    else:
+        ids, files, mat = load_distinct(args.index)
+    print(f"{len(ids)} vectors from {', '.join(map(str, args.index))}", flush=True)
     qv = embed(queries(args.queries), args.model)
     out = []
     for n in sizes:
@@ -99,7 +125,9 @@ def main() -> None:
               f"{row['exact_p50_ms']} ms (p95 {row['exact_p95_ms']}), hnsw p50 "
               f"{row['hnsw_p50_ms']} ms (p95 {row['hnsw_p95_ms']}), {row['exact_over_hnsw_p50']}x; "
               f"graph built in {row['hnsw_build_s']} s (1 thread)", flush=True)
-    print(f"saved {save('ann', {'index': str(args.index), 'queries': len(qv), 'sizes': out})}")
+    name = "ann" if len(args.index) == 1 else "ann-real"
+    saved = save(name, {"index": [str(i) for i in args.index], "queries": len(qv), "sizes": out})
+    print(f"saved {saved}")
 
 
 if __name__ == "__main__":
