@@ -275,3 +275,37 @@ def test_kill_9_during_the_tantivy_sync_converges_to_the_same_chunks(make_daemon
     log = (data / "ragd.log").read_text()
     assert log.count("text index: filling") == 3, log  # the first, the lost, the garbage
     assert "is unreadable or of another format" in log
+
+
+def test_the_tantivy_folder_deleted_under_the_running_daemon(make_daemon, tmp_path):
+    """rm -rf of data/bm25 while ragd runs: the next push fails, the text-sync thread drops its
+    writer, retries after its backoff and rebuilds the folder from SQLite; search answers all
+    along (FTS5 meanwhile) and reads tantivy again once it holds every chunk."""
+    import sqlite3
+
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    data = tmp_path / "data"
+    with d:
+        in_sync(d)
+        shutil.rmtree(data / "bm25")
+        note = next(root.rglob("*.md"))
+        with open(note, "a", encoding="utf-8") as f:
+            f.write("\n\nThe pangolinquartz entry.\n")
+        res = d.call("search", query="pangolinquartz", mode="bm25", k=3, wait=30)
+        assert [r["path"] for r in res["results"]][:1] == [str(note)], res
+        deadline = time.monotonic() + 90
+        while True:
+            st = d.call("status")
+            res = d.call("search", query="pangolinquartz", mode="bm25", k=3)
+            assert res["results"] and res["results"][0]["path"] == str(note), res
+            if res["bm25_index"] == "tantivy" and not behind(st):
+                break
+            assert time.monotonic() < deadline, (st["bm25_index"], res["bm25_index"])
+            time.sleep(0.2)
+        sync = next(t for t in st["threads"] if t["name"] == "text-sync")
+        assert sync["state"] == "running" and sync["restarts"] >= 1, sync  # it failed, came back
+    db = sqlite3.connect(data / "index.sqlite3")
+    chunks = sorted(r[0] for r in db.execute("SELECT id FROM chunks"))
+    assert sorted(tantivy_ids(data)) == chunks

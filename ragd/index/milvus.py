@@ -30,16 +30,13 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 
-from ragd.index import store
+from ragd.index import outbox, store
 from ragd.index.vectors import from_blob
 from ragd.search import bm25
-from ragd.workers import Worker
 
 log = logging.getLogger("ragd.milvus")
 
@@ -79,15 +76,11 @@ UNINSTALL = """
 def install(db: sqlite3.Connection) -> None:
     """The outbox and its triggers (idempotent); the default store calls uninstall instead, so
     that SQLite alone pays nothing for them."""
-    with store.transaction(db):
-        for stmt in store.script_statements(TRIGGERS):
-            db.execute(stmt)
+    outbox.apply(db, TRIGGERS)
 
 
 def uninstall(db: sqlite3.Connection) -> None:
-    with store.transaction(db):
-        for stmt in store.script_statements(UNINSTALL):
-            db.execute(stmt)
+    outbox.apply(db, UNINSTALL)
 
 
 def search_text(heading: str, keywords: str, body: str) -> str:
@@ -111,11 +104,12 @@ def _expr_dense(files) -> str:
     return "embedded == true" + (f" and {fexpr}" if fexpr else "")
 
 
-class MilvusStore:
+class MilvusStore(outbox.OutboxSync):
     """The mirror (its sync thread) and the two rankings read from it."""
 
     def __init__(self, db_path: Path, data_dir: Path, uri: str, collection: str,
                  token: str = ""):
+        super().__init__("store-sync", backoff_max=30.0)
         self.db_path = db_path
         self.uri = uri or str(data_dir / "milvus.db")
         self._token = token  # never logged nor shown in status
@@ -125,40 +119,19 @@ class MilvusStore:
         # has every chunk, else None. One attribute, set in one assignment: a search takes it
         # once and reads that collection throughout, whatever the sync thread does meanwhile.
         self.view: tuple[str, int] | None = None
-        self.state = "starting"
-        self.error: str | None = None
-        self.pushed = 0
         self._filling: str | None = None  # a collection being filled (first sync, a switch)
         self._checked: str | None = None  # the collection this client has seen exists
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._idle = threading.Condition()
-        self._pending = 1  # unknown until the first look
-        self._asked = 1  # wakes so far (each after a commit)
-        self._looked = 0  # the wakes the last empty look at the outbox had seen
-        self.worker = Worker("store-sync", self._run, backoff_start=2.0, backoff_max=30.0)
 
     # -- life ---------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self.worker.start()
-
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self.worker.stop()
+        super().stop()
         client, self.client = self.client, None
         if client is not None:
             try:
                 client.close()
             except Exception:  # closing a client whose server already went away
                 pass
-
-    def wake(self) -> None:
-        """Something was committed that may have marked chunks (called after commits)."""
-        with self._idle:
-            self._asked += 1
-        self._wake.set()
 
     @property
     def serving(self) -> bool:
@@ -168,21 +141,6 @@ class MilvusStore:
     def collection(self) -> str | None:
         v = self.view
         return v[0] if v else None
-
-    def wait_synced(self, timeout: float) -> bool:
-        """Wait until the outbox is empty (search --wait: what is committed is searchable)."""
-        with self._idle:
-            self._asked += 1
-            want = self._asked
-        self._wake.set()
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self._looked < want:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set():
-                    return False
-                self._idle.wait(min(left, 0.5))
-        return True
 
     def status(self) -> dict:
         out = {"backend": "milvus", "uri": self.uri, "state": self.state,
@@ -202,35 +160,23 @@ class MilvusStore:
             Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
         return MilvusClient(uri=self.uri, token=self._token)
 
-    def _run(self) -> None:
-        db = store.connect(self.db_path)
-        try:
-            while not self._stop.is_set():
-                try:
-                    if self.client is None:
-                        self.state = "connecting"
-                        self.client = self._connect()
-                    self._step(db)
-                    self.error = None
-                except Exception as e:
-                    # Milvus away or refusing: the outbox keeps the work, search answers from
-                    # SQLite, and the next try (after the worker's backoff) connects afresh
-                    self.state = "retrying"
-                    self.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
-                    client, self.client, self._checked = self.client, None, None
-                    if client is not None:
-                        try:
-                            client.close()
-                        except Exception:  # its server may be gone already
-                            pass
-                    raise
-        finally:
-            db.close()
+    def _ready(self) -> None:
+        if self.client is None:
+            self.state = "connecting"
+            self.client = self._connect()
+
+    def _drop(self) -> None:
+        # Milvus away or refusing: the outbox keeps the work, search answers from SQLite, and
+        # the next try (after the worker's backoff) connects afresh
+        client, self.client, self._checked = self.client, None, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # its server may be gone already
+                pass
 
     def _step(self, db: sqlite3.Connection) -> None:
-        self._wake.clear()  # a wake from now on is seen by the next _sleep
-        with self._idle:
-            seen = self._asked  # what an empty outbox below proves synced
+        seen = self._begin_step()  # what an empty outbox below proves synced
         row = db.execute("SELECT value FROM meta WHERE key = 'active_space'").fetchone()
         space = int(row[0]) if row else None
         if space is None:  # nothing embedded yet (or dense search off): nothing to mirror
@@ -269,13 +215,6 @@ class MilvusStore:
 
     def _sleep(self) -> None:
         self._wake.wait(IDLE_CHECK)
-
-    def _set_pending(self, n: int, seen: int | None = None) -> None:
-        with self._idle:
-            self._pending = n
-            if seen is not None:
-                self._looked = max(self._looked, seen)
-                self._idle.notify_all()
 
     def _begin_fill(self, db, name: str, dims: int, previous: str | None) -> None:
         """A collection for this space, and every chunk marked for it."""

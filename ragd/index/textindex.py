@@ -43,14 +43,11 @@ from __future__ import annotations
 import logging
 import shutil
 import sqlite3
-import threading
-import time
 import uuid
 from pathlib import Path
 
-from ragd.index import store
+from ragd.index import outbox, store
 from ragd.search import bm25
-from ragd.workers import Worker
 
 log = logging.getLogger("ragd.textindex")
 
@@ -84,9 +81,7 @@ UNINSTALL = """
 
 def install(db: sqlite3.Connection) -> None:
     """The outbox and its triggers (idempotent)."""
-    with store.transaction(db):
-        for stmt in store.script_statements(TRIGGERS):
-            db.execute(stmt)
+    outbox.apply(db, TRIGGERS)
 
 
 def uninstall(db: sqlite3.Connection) -> None:
@@ -119,10 +114,11 @@ def _schema():
     return sb.build()
 
 
-class TextIndex:
+class TextIndex(outbox.OutboxSync):
     """The tantivy index (its folder, its sync thread) and the BM25 ranking read from it."""
 
     def __init__(self, db_path: Path, data_dir: Path):
+        super().__init__("text-sync", backoff_max=60.0)
         self.db_path = db_path
         self.dir = data_dir / "bm25"
         self.index = None
@@ -133,49 +129,13 @@ class TextIndex:
         self._gen = 0
         self._filled_here = False  # a fill begun by this run (not one a crash interrupted)
         self.serving = False  # filled: search may read it (when in step with its snapshot)
-        self.state = "starting"
-        self.error: str | None = None
-        self.pushed = 0
         self._writer = None
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._idle = threading.Condition()
-        self._pending = 1  # unknown until the first look
-        self._asked = 1  # wakes so far (each after a commit)
-        self._looked = 0  # the wakes the last empty look at the outbox had seen
-        self.worker = Worker("text-sync", self._run, backoff_start=2.0, backoff_max=60.0)
 
     # -- life ---------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self.worker.start()
-
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self.worker.stop()
+        super().stop()
         self._writer = None  # (dropping the writer releases tantivy's lock)
-
-    def wake(self) -> None:
-        """Something was committed that may have marked chunks (called after commits)."""
-        with self._idle:
-            self._asked += 1
-        self._wake.set()
-
-    def wait_synced(self, timeout: float) -> bool:
-        """Wait until the outbox is empty (search --wait: what is committed is searchable)."""
-        with self._idle:
-            self._asked += 1
-            want = self._asked
-        self._wake.set()
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self._looked < want:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set():
-                    return False
-                self._idle.wait(min(left, 0.5))
-        return True
 
     def status(self) -> dict:
         out = {"engine": "tantivy", "path": str(self.dir), "state": self.state,
@@ -225,33 +185,21 @@ class TextIndex:
         kept[gen] = searcher
         self._published = kept
 
-    def _run(self) -> None:
-        db = store.connect(self.db_path)
-        try:
-            while not self._stop.is_set():
-                try:
-                    if self._writer is None:
-                        self.state = "opening"
-                        self._open()
-                    self._step(db)
-                    self.error = None
-                except Exception as e:
-                    self.state = "retrying"
-                    self.error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
-                    writer, self._writer = self._writer, None
-                    if writer is not None:
-                        try:
-                            writer.rollback()
-                        except Exception:  # the writer may be what failed
-                            pass
-                    raise
-        finally:
-            db.close()
+    def _ready(self) -> None:
+        if self._writer is None:
+            self.state = "opening"
+            self._open()
+
+    def _drop(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.rollback()
+            except Exception:  # the writer may be what failed
+                pass
 
     def _step(self, db: sqlite3.Connection) -> None:
-        self._wake.clear()  # a wake from now on is seen by the next sleep
-        with self._idle:
-            seen = self._asked  # what an empty outbox below proves synced
+        seen = self._begin_step()  # what an empty outbox below proves synced
         row = db.execute("SELECT value FROM meta WHERE key = 'text_index'").fetchone()
         recorded = row[0] if row else None
         if recorded != self.ident and not (recorded == f"{self.ident} filling"
@@ -277,13 +225,6 @@ class TextIndex:
         self.state = "in sync"
         self._set_pending(0, seen)
         self._wake.wait(IDLE_CHECK)
-
-    def _set_pending(self, n: int, seen: int | None = None) -> None:
-        with self._idle:
-            self._pending = n
-            if seen is not None:
-                self._looked = max(self._looked, seen)
-                self._idle.notify_all()
 
     def _begin_fill(self, db: sqlite3.Connection) -> None:
         """Mark every chunk for the folder's index, then empty it; search reads FTS5 meanwhile
