@@ -28,7 +28,6 @@ import json
 import random
 import re
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
