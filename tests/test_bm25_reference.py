@@ -250,3 +250,22 @@ def test_tantivy_answers_only_for_the_snapshot_it_holds(tmp_path):
         reader.close()
         ti2.stop()
         db.close()
+
+
+def test_a_stop_right_after_the_start_is_not_slept_through(tmp_path):
+    """The sync thread clears its wake at the start of each look at the outbox; a stop that
+    came just before must still end it at once, not after its idle sleep (60 s: the daemon's
+    own stop timed out on it once in CI)."""
+    from ragd.index import textindex
+    db_path = tmp_path / "index.sqlite3"
+    db = store.open_store(db_path)
+    textindex.install(db)
+    db.close()
+    for i in range(10):
+        ti = textindex.TextIndex(db_path, tmp_path / f"data{i % 2}")
+        ti.start()
+        time.sleep(0.01 * i)
+        t = time.monotonic()
+        ti.stop()
+        assert time.monotonic() - t < 5, f"stop {i} waited {time.monotonic() - t:.1f} s"
+        assert not ti.worker.alive

@@ -182,7 +182,7 @@ class MilvusStore(outbox.OutboxSync):
         if space is None:  # nothing embedded yet (or dense search off): nothing to mirror
             self.state = "waiting for a vector space"
             self._set_pending(0, seen)
-            self._sleep()
+            self._sleep(IDLE_CHECK)
             return
         dims = db.execute("SELECT dims FROM spaces WHERE id = ?", (space,)).fetchone()[0]
         name = f"{self.prefix}_s{space}"
@@ -211,10 +211,7 @@ class MilvusStore(outbox.OutboxSync):
         self.view = (name, space)
         self.state = "in sync"
         self._set_pending(0, seen)
-        self._sleep()
-
-    def _sleep(self) -> None:
-        self._wake.wait(IDLE_CHECK)
+        self._sleep(IDLE_CHECK)
 
     def _begin_fill(self, db, name: str, dims: int, previous: str | None) -> None:
         """A collection for this space, and every chunk marked for it."""

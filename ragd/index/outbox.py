@@ -100,6 +100,13 @@ class OutboxSync:
                 self._idle.wait(min(left, 0.5))
         return True
 
+    def _sleep(self, timeout: float) -> None:
+        """Until woken (a commit, wait_synced, stop) or the timeout. A stop that came while
+        the step ran is not slept through: _begin_step cleared its wake, but stop sets _stop
+        before it wakes, so one of the two is seen here."""
+        if not self._stop.is_set():
+            self._wake.wait(timeout)
+
     def _begin_step(self) -> int:
         """At the start of a look at the outbox: the wakes an empty outbox now proves synced
         (a wake from now on is seen by the next sleep)."""

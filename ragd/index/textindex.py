@@ -224,7 +224,7 @@ class TextIndex(outbox.OutboxSync):
         self.serving = True
         self.state = "in sync"
         self._set_pending(0, seen)
-        self._wake.wait(IDLE_CHECK)
+        self._sleep(IDLE_CHECK)
 
     def _begin_fill(self, db: sqlite3.Connection) -> None:
         """Mark every chunk for the folder's index, then empty it; search reads FTS5 meanwhile
