@@ -5,10 +5,10 @@ What moves and what stays: the daemon still watches, parses, chunks and embeds l
 SQLite stays the record of files, chunks and the embedding cache (content-addressed per model:
 a rename still embeds nothing). Milvus holds, per chunk of the active vector space: its id, its
 file's id, its searchable text (heading, aliases and tags, body, as the porter tokens FTS5
-makes of them: Milvus' BM25 function ranks them) and its vector. Search asks Milvus for the two rankings and fuses them as with the
-default store (weights, the similarity threshold, --explain, note grouping all stay ragd's).
-``MilvusStore.hybrid`` is Milvus' own one-query fusion (two searches, RRF on the server): the
-bench measures it beside ragd's fusion.
+makes of them: Milvus' BM25 function ranks them) and its vector. Search asks Milvus for the two
+rankings and fuses them as with the default store (weights, the similarity threshold,
+--explain, note grouping all stay ragd's). ``MilvusStore.hybrid`` is Milvus' own one-query
+fusion (two searches, RRF on the server): the bench measures it beside ragd's fusion.
 
 The same code speaks to Milvus Lite (a local file, ``uri = ""``: ``<data_dir>/milvus.db``; the
 milvus-lite wheel runs it) and to a Milvus server or cluster (``uri = "http://host:19530"``).
@@ -109,8 +109,7 @@ class MilvusStore(outbox.OutboxSync):
 
     def __init__(self, db_path: Path, data_dir: Path, uri: str, collection: str,
                  token: str = ""):
-        super().__init__("store-sync", backoff_max=30.0)
-        self.db_path = db_path
+        super().__init__("store-sync", backoff_max=30.0, db_path=db_path)
         self.uri = uri or str(data_dir / "milvus.db")
         self._token = token  # never logged nor shown in status
         self.prefix = collection
@@ -160,7 +159,7 @@ class MilvusStore(outbox.OutboxSync):
             Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
         return MilvusClient(uri=self.uri, token=self._token)
 
-    def _ready(self) -> None:
+    def _ready(self, db: sqlite3.Connection) -> None:
         if self.client is None:
             self.state = "connecting"
             self.client = self._connect()

@@ -5,7 +5,8 @@ A transactional outbox: triggers on the index's tables write the ids of what cha
 outbox table inside the writer's own transaction, so nothing committed can be missed and nothing
 rolled back is marked. One supervised thread per mirror drains it; it is woken after commits
 (``wake``), and ``wait_synced`` (search --wait) returns once an empty outbox was seen after the
-call. The mirror's own work — what to push and where — is the subclass's ``_run``.
+call. The mirror's own work — its handle, what to push and where — is the subclass's
+``_ready``, ``_step`` and ``_drop``; the loop around them, ``_run``, is here.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def apply(db: sqlite3.Connection, script: str) -> None:
 class OutboxSync:
     """The drain thread's life, its wakes, and how far it is (pending, synced)."""
 
-    def __init__(self, thread: str, backoff_max: float):
+    def __init__(self, thread: str, backoff_max: float, db_path):
+        self.db_path = db_path  # the index's SQLite file
         self.state = "starting"
         self.error: str | None = None
         self.pushed = 0
@@ -41,12 +43,10 @@ class OutboxSync:
         self._looked = 0  # the wakes the last empty look at the outbox had seen
         self.worker = Worker(thread, self._run, backoff_start=2.0, backoff_max=backoff_max)
 
-    db_path = None  # the index's SQLite file (set by the subclass)
-
     # what a mirror does: make its handle (a tantivy writer, a Milvus client) when it has none,
     # look at the outbox once (push a batch, or sleep until woken), and drop the handle after
     # an error, so that the next try makes it afresh
-    def _ready(self) -> None:
+    def _ready(self, db: sqlite3.Connection) -> None:
         raise NotImplementedError
 
     def _step(self, db: sqlite3.Connection) -> None:
@@ -60,7 +60,7 @@ class OutboxSync:
         try:
             while not self._stop.is_set():
                 try:
-                    self._ready()
+                    self._ready(db)
                     self._step(db)
                     self.error = None
                 except Exception as e:  # the worker logs it and runs this again after a backoff

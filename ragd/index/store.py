@@ -313,7 +313,6 @@ def rollback(db: sqlite3.Connection) -> None:
 def script_statements(script: str) -> list[str]:
     """A SQL script's statements, split on the ';' that end them, not those inside a trigger's
     BEGIN ... END (executescript would commit the caller's transaction)."""
-    # split on the ';' that end statements, not those inside a trigger's BEGIN ... END
     out, cur = [], []
     for line in script.strip().splitlines():
         cur.append(line)

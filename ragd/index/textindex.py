@@ -13,8 +13,9 @@ chunks_fts sees it (stems, diacritics folded), tantivy only splits them on white
 query is tokenized the same way — so a word matches here exactly when it matches in FTS5.
 
 SQLite stays the record, FTS5 included: it serves the keyword ranking while this index is being
-filled (the first start, or after its folder was lost), for searches with filters or unsaved
-editor buffers (their scores are on FTS5's scale), and the literal and content-word checks.
+filled (the first start, or after its folder was lost) or is behind the search's snapshot (see
+below), for searches over unsaved editor buffers (their scores are on FTS5's scale), and for
+the literal and content-word checks. Filters are applied in tantivy, as a set of file ids.
 
 Keeping it in step — a transactional outbox, as the Milvus store does. Triggers on ``chunks``
 write the ids of chunks inserted, updated or deleted to ``text_outbox`` inside the writer's own
@@ -87,9 +88,7 @@ def install(db: sqlite3.Connection) -> None:
 def uninstall(db: sqlite3.Connection) -> None:
     """No tantivy index (bm25_index = "fts5", or the Milvus store): SQLite pays nothing for it,
     and a later install refills the folder from scratch."""
-    with store.transaction(db):
-        for stmt in store.script_statements(UNINSTALL):
-            db.execute(stmt)
+    outbox.apply(db, UNINSTALL)
 
 
 # The text a chunk is indexed as: its heading path and its note's aliases and tags twice, then
@@ -118,8 +117,7 @@ class TextIndex(outbox.OutboxSync):
     """The tantivy index (its folder, its sync thread) and the BM25 ranking read from it."""
 
     def __init__(self, db_path: Path, data_dir: Path):
-        super().__init__("text-sync", backoff_max=60.0)
-        self.db_path = db_path
+        super().__init__("text-sync", backoff_max=60.0, db_path=db_path)
         self.dir = data_dir / "bm25"
         self.index = None
         self.schema = None
@@ -146,7 +144,7 @@ class TextIndex(outbox.OutboxSync):
 
     # -- the sync thread ----------------------------------------------------------------------
 
-    def _open(self) -> None:
+    def _open(self, db: sqlite3.Connection) -> None:
         """Open the folder, or make a new one (a new identity: the next step fills it)."""
         import tantivy
         self.schema = _schema()
@@ -158,9 +156,8 @@ class TextIndex(outbox.OutboxSync):
             index = tantivy.Index(self.schema, path=str(self.dir), reuse=True)
         except (OSError, ValueError) as e:
             if self.dir.exists():
-                log.warning("text index: %s is unreadable or of another format (%s); rebuilding it "
-                            "from the index",
-                            self.dir, e)
+                log.warning("text index: %s is unreadable or of another format (%s); "
+                            "rebuilding it from the index", self.dir, e)
                 shutil.rmtree(self.dir, ignore_errors=True)
             self.dir.mkdir(parents=True, exist_ok=True)
             index = tantivy.Index(self.schema, path=str(self.dir), reuse=False)
@@ -171,11 +168,7 @@ class TextIndex(outbox.OutboxSync):
         self.index, self.ident = index, ident
         self._writer = index.writer(HEAP_BYTES, 1)
         index.reload()
-        db = store.connect(self.db_path)
-        try:
-            row = db.execute("SELECT value FROM meta WHERE key = 'text_synced'").fetchone()
-        finally:
-            db.close()
+        row = db.execute("SELECT value FROM meta WHERE key = 'text_synced'").fetchone()
         self._gen = int(row[0]) if row else 0
         self._publish(self._gen)
 
@@ -185,10 +178,10 @@ class TextIndex(outbox.OutboxSync):
         kept[gen] = searcher
         self._published = kept
 
-    def _ready(self) -> None:
+    def _ready(self, db: sqlite3.Connection) -> None:
         if self._writer is None:
             self.state = "opening"
-            self._open()
+            self._open(db)
 
     def _drop(self) -> None:
         writer, self._writer = self._writer, None
@@ -216,7 +209,7 @@ class TextIndex(outbox.OutboxSync):
                               (BATCH * 4,)).fetchone()[0]
             self._set_pending(left)
             return
-        if recorded.endswith("filling"):
+        if filling:
             with store.transaction(db, self._stop):
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('text_index', ?)",
                            (self.ident,))

@@ -141,7 +141,9 @@ class Searcher:
         embedding = self._embed_query(query, timings) if mode in ("hybrid", "vector") else None
         if mode == "hybrid":
             # while vectors are coming hybrid keeps BM25's ranking: the one mode bm25 gives
-            share = (bm25.HYBRID_COMMON_SHARE if self._coverage(db) >= PARTIAL_FUSION_FROM
+            space = self.vectors.active
+            coverage = self._coverage(db, space.vectors) if space is not None else 1.0
+            share = (bm25.HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
                      else bm25.COMMON_SHARE)
             self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view,
                                text_view, share)
@@ -258,14 +260,12 @@ class Searcher:
 
         return self._pool.submit(embed)
 
-    def _coverage(self, db) -> float:
-        """The share of chunks the active vector space has a vector for (1.0 without one)."""
-        space = self.vectors.active
-        if space is None:
-            return 1.0
+    @staticmethod
+    def _coverage(db, vectors) -> float:
+        """The share of the index's chunks these vectors cover (1.0 for an empty index)."""
         total = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'"
                            ).fetchone()[0]
-        return min(1.0, len(space.vectors) / total) if total else 1.0
+        return min(1.0, len(vectors) / total) if total else 1.0
 
     def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, info, view, text_view,
                       share: float = bm25.COMMON_SHARE) -> None:
@@ -332,9 +332,7 @@ class Searcher:
             ids = np.array([p[0] for p in pairs], dtype=np.int64)
             cos = np.array([p[1] for p in pairs], dtype=np.float32)
         info["vector_space"] = vi.space
-        total = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'"
-                           ).fetchone()[0]
-        info["vector_coverage"] = round(min(1.0, len(vi) / total), 4) if total else 1.0
+        info["vector_coverage"] = round(self._coverage(db, vi), 4)
         if info["vector_coverage"] < 1.0 and "bm25" in lists:  # (buffers' chunks: ids < 0)
             info["unembedded"] = [c for c in lists["bm25"] if c >= 0 and c not in vi]
         info["best_similarity"] = round(float(cos[0]), 4) if len(cos) else -1.0
