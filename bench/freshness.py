@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -18,7 +18,6 @@ import random
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -5,7 +5,6 @@ different spaces: the shared MiniLM GGUF with mean pooling, then with CLS poolin
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
 import time
 
