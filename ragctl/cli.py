@@ -421,6 +421,10 @@ def do_search(args) -> int:
                 print(f"    {n:>5}: {_mark(_one_line(text)[:160], terms, color)}")
             if args.explain:
                 print(f"    why: {_explain(r['scores'], res.get('weights'))}")
+        if args.explain and res.get("feedback"):
+            print(f"(vector ranks are of the query moved towards the first fusion's "
+                  f"{res['feedback']['chunks']} best chunks, weight "
+                  f"{res['feedback']['weight']})")
 
     out = {k: res[k] for k in ("query", "mode", "elapsed_ms", "results")}
     out.update({k: v for k, v in res.items() if k not in out})

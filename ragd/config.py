@@ -41,6 +41,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "candidates": (int, 100),
         "mode": (str, "hybrid"),
         "rrf_k": (int, 60),
+        "feedback_chunks": (int, 5),
+        "feedback_weight": (float, 0.5),
         "min_similarity": (float, -1.0),
         "rerank": (bool, True),
         "bm25_index": (str, "tantivy"),
@@ -139,6 +141,8 @@ class Config:
     search_candidates: int = 100
     search_mode: str = "hybrid"
     rrf_k: int = 60
+    feedback_chunks: int = 5
+    feedback_weight: float = 0.5
     min_similarity: float = -1.0
     rerank: bool = True
     bm25_index: str = "tantivy"
@@ -275,6 +279,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("index", "chunk_overlap", 0),
                             ("index", "max_file_bytes", 1), ("search", "k", 1),
                             ("search", "candidates", 1), ("search", "rrf_k", 1),
+                            ("search", "feedback_chunks", 0),
+                            ("search", "feedback_weight", 0),
                             ("engines", "threads", 1), ("engines", "startup_timeout", 1),
                             ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
                             ("engines", "health_interval", 0.5),
@@ -329,7 +335,9 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   chunk_overlap=values["index"]["chunk_overlap"],
                   max_file_bytes=values["index"]["max_file_bytes"],
                   search_k=se["k"], search_candidates=se["candidates"], search_mode=se["mode"],
-                  rrf_k=se["rrf_k"], min_similarity=se["min_similarity"], rerank=se["rerank"],
+                  rrf_k=se["rrf_k"], feedback_chunks=se["feedback_chunks"],
+                  feedback_weight=se["feedback_weight"], min_similarity=se["min_similarity"],
+                  rerank=se["rerank"],
                   bm25_index=se["bm25_index"],
                   llama_server=en["llama_server"], engine_threads=en["threads"],
                   engine_startup_timeout=en["startup_timeout"],

@@ -135,3 +135,57 @@ def test_fusion_while_vectors_are_coming_does_not_bury_the_unembedded():
         assert order[:4] == [1, 2, 3, 4] or cov >= 0.5, order
     full = {"bm25": bm25, "vector": [5, 1, 2, 3, 4, 9]}
     assert partial_rrf(full, 60, w, 1.0, []) == rrf(full, 60, w)
+
+
+def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon, tmp_path):
+    """Hybrid search's dense feedback, checked against the stored vectors: the second vector
+    search's cosines are exactly those of unit(q + 0.5 x mean of the first fusion's 5 best
+    chunks' vectors). Everything that needs is in a reply without feedback (q . v is the
+    vector score of v) and in SQLite: no engine call of the test's own."""
+    import sqlite3
+
+    import numpy as np
+
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="[search]\ncandidates = 300\nfeedback_chunks = 0\n"))
+    query = "I'd like done items to disappear from the list once they are ticked"
+    with d:
+        wait_embedded(d)
+        off = d.call("search", query=query, k=300, group="chunk")
+        assert off["mode"] == "hybrid" and "feedback" not in off
+        d.config.write_text(d.config.read_text().replace("feedback_chunks = 0",
+                                                         "feedback_chunks = 5"))
+        d.call("reload")
+        on = d.call("search", query=query, k=300, group="chunk")
+        assert on["feedback"] == {"chunks": 5, "weight": 0.5}
+        assert on["best_similarity"] == off["best_similarity"]  # the query's own
+        assert "feedback_ms" in on["timings"]
+
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    ids = {(str(root / rel), a, b): cid for cid, rel, a, b in db.execute(
+        "SELECT c.id, f.relpath, c.line_start, c.line_end FROM chunks c JOIN files f "
+        "ON f.id = c.file_id")}
+    assert len(ids) == db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]  # unique keys
+
+    def chunk(r):
+        return ids[(r["path"], r["line_start"], r["line_end"])]
+
+    first = [chunk(r) for r in off["results"][:5]]
+    cos = {chunk(r): r["scores"]["vector"] for r in off["results"]}
+    space = db.execute("SELECT value FROM meta WHERE key = 'active_space'").fetchone()[0]
+    vec = {cid: np.frombuffer(blob, "<f4") for cid, blob in db.execute(
+        "SELECT c.id, e.vector FROM chunks c JOIN embeddings e ON e.space = ? "
+        "AND e.text_hash = c.embed_hash", (int(space),))}
+    assert set(cos) == set(vec)  # every chunk has a vector and was a candidate
+    unit = {c: v / np.linalg.norm(v) for c, v in vec.items()}
+    f = 0.5 * np.mean([unit[c] for c in first], axis=0)
+    norm = np.sqrt(1 + f @ f + 2 * 0.5 * np.mean([cos[c] for c in first]))  # |q + f|
+    want = {c: (cos[c] + unit[c] @ f) / norm for c in vec}
+    got = {chunk(r): r["scores"]["vector"] for r in on["results"]}
+    assert set(got) == set(want)
+    assert max(abs(got[c] - want[c]) for c in got) < 1e-3, query
+    ranks = {chunk(r): r["scores"]["vector_rank"] for r in on["results"]}
+    order = sorted(got, key=lambda c: ranks[c])  # ranked by those cosines (ties aside)
+    assert all(want[a] >= want[b] - 1e-3 for a, b in zip(order, order[1:]))
+    assert [chunk(r) for r in on["results"]] != [chunk(r) for r in off["results"]]  # it moved

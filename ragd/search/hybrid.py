@@ -1,16 +1,19 @@
-"""Hybrid ranking: BM25 (FTS5) and dense vectors, fused with Reciprocal Rank Fusion, optionally
-reranked by a cross-encoder.
+"""Hybrid ranking: BM25 (tantivy or FTS5) and dense vectors, fused with Reciprocal Rank Fusion,
+optionally reranked by a cross-encoder.
 
-    vector top-N  ┐
-                  ├─ RRF (k=60) ─ threshold ─ rerank top-M within a time budget ─ top k
-    FTS5 top-N    ┘
+    vector top-N ┐                     vector top-N of the query moved
+                 ├─ RRF ─ best chunks ─ towards those chunks' vectors ┐
+    BM25 top-N   ┘                                                    ├─ RRF (k=60) ─ ...
+    BM25 top-N  ──────────────────────────────────────────────────────┘
+    ... ─ threshold ─ rerank top-M within a time budget ─ top k
 
 RRF adds 1/(k + rank) over the lists a chunk appears in, so neither score scale dominates.
-The threshold looks at the best cosine: below it the answer is "nothing relevant" (no results,
+The first fusion only chooses the feedback chunks (Searcher._feedback). The threshold looks at
+the best cosine of the query itself: below it the answer is "nothing relevant" (no results,
 with the reason), and nothing is reranked — unless some chunk contains every word of the query
-(a literal match), which is answered as usual with ``below_threshold``. When the embedding engine is down, search answers
-from BM25 alone and says so (``degraded``); when the reranker is down or slow, the fused order
-is returned and the reply says it was not reranked.
+(a literal match), which is answered as usual with ``below_threshold``. When the embedding
+engine is down, search answers from BM25 alone and says so (``degraded``); when the reranker is
+down or slow, the fused order is returned and the reply says it was not reranked.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ from ragd.search import bm25, notes
 from ragd.search.filters import Filters
 
 MODES = ("hybrid", "vector", "bm25")
+
+
+def _unit(v) -> np.ndarray:
+    """v (a vector or rows of vectors) scaled to length 1."""
+    v = np.asarray(v, dtype=np.float32)
+    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-9)
 
 
 def _done(value) -> Future:
@@ -147,12 +156,14 @@ class Searcher:
                      else bm25.COMMON_SHARE)
             self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view,
                                text_view, share)
+        query_vector = None
         if mode in ("hybrid", "vector"):
-            why_not = self._vector_ranking(db, embedding, n, filters, lists, parts, info, view,
-                                           bufs)
-            if why_not is not None:
+            got = self._vector_ranking(db, embedding, n, filters, lists, parts, info, view, bufs)
+            if not isinstance(got, str):
+                query_vector = got
+            else:
                 info["degraded"] = True
-                info["reason"] = why_not
+                info["reason"] = got
                 info["requested_mode"] = mode
                 if mode == "vector":
                     self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view,
@@ -164,13 +175,15 @@ class Searcher:
 
         if not self._anything_relevant(db, query, mode, filters, lists, info):
             return [], info
+        weights = {"vector": vector_weight(query), "bm25": 1.0}
+        coverage = info.get("vector_coverage", 1.0)
+        if mode == "hybrid" and coverage >= PARTIAL_FUSION_FROM:
+            self._feedback(db, query_vector, n, filters, lists, parts, weights, info, view, bufs)
         for name, ranked_ids in lists.items():  # each signal's rank, for --explain
             for rank, cid in enumerate(ranked_ids, 1):
                 parts[cid][f"{name}_rank"] = rank
         if mode == "hybrid":
-            weights = {"vector": vector_weight(query), "bm25": 1.0}
             info["weights"] = weights
-            coverage = info.get("vector_coverage", 1.0)
             unembedded = info.pop("unembedded", ())
             if coverage < PARTIAL_FUSION_FROM and "vector" in lists:
                 # BM25's own scores and order (as mode bm25 ranks), then what only the
@@ -302,15 +315,37 @@ class Searcher:
         info["timings"]["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
 
     def _vector_ranking(self, db, embedding, n, filters: Filters, lists, parts,
-                        info, view=None, bufs=()) -> str | None:
+                        info, view=None, bufs=()):
         """Fill lists['vector'] from the query's embedding (a future), from the Milvus
-        collection `view` when given and of the query's space; return why vectors cannot be
-        used, or None."""
+        collection `view` when given and of the query's space. Returns why vectors cannot be
+        used (a str), or (the space, the query's vector)."""
         got = embedding.result()
         if isinstance(got, str):
             return got
         t = time.perf_counter()
         space, qv = got
+        vi = space.vectors
+        ids, cos = self._dense(db, space, qv, n, filters, info, view, bufs)
+        info["vector_space"] = vi.space
+        info["vector_coverage"] = round(self._coverage(db, vi), 4)
+        if info["vector_coverage"] < 1.0 and "bm25" in lists:  # (buffers' chunks: ids < 0)
+            info["unembedded"] = [c for c in lists["bm25"] if c >= 0 and c not in vi]
+        info["best_similarity"] = round(float(cos[0]), 4) if len(cos) else -1.0
+        self._set_vector_list(ids, cos, lists, parts)
+        info["timings"]["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        return got
+
+    @staticmethod
+    def _set_vector_list(ids, cos, lists, parts) -> None:
+        for cid in lists.get("vector", ()):  # a list searched again replaces the first one
+            parts[cid].pop("vector", None)
+        lists["vector"] = [int(i) for i in ids]
+        for cid, c in zip(lists["vector"], cos):
+            parts.setdefault(cid, {})["vector"] = round(float(c), 6)
+
+    def _dense(self, db, space, qv, n, filters: Filters, info, view, bufs):
+        """(chunk ids, cosines) of the n chunks nearest to qv: from the Milvus collection
+        `view` when it holds this space, else the local index; buffers' chunks merged in."""
         vi = space.vectors
         files = filters.file_ids(db) if filters.active else None
         ids = None
@@ -331,16 +366,38 @@ class Searcher:
                            key=lambda p: -p[1])[:n]
             ids = np.array([p[0] for p in pairs], dtype=np.int64)
             cos = np.array([p[1] for p in pairs], dtype=np.float32)
-        info["vector_space"] = vi.space
-        info["vector_coverage"] = round(self._coverage(db, vi), 4)
-        if info["vector_coverage"] < 1.0 and "bm25" in lists:  # (buffers' chunks: ids < 0)
-            info["unembedded"] = [c for c in lists["bm25"] if c >= 0 and c not in vi]
-        info["best_similarity"] = round(float(cos[0]), 4) if len(cos) else -1.0
-        lists["vector"] = [int(i) for i in ids]
-        for cid, c in zip(lists["vector"], cos):
-            parts.setdefault(cid, {})["vector"] = round(float(c), 6)
-        info["timings"]["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-        return None
+        return ids, cos
+
+    def _feedback(self, db, query_vector, n, filters: Filters, lists, parts, weights, info,
+                  view, bufs) -> None:
+        """Pseudo-relevance feedback on the dense side (Rocchio): the vectors of the first
+        fusion's best chunks, averaged and weighted, are added to the query's vector, and the
+        dense ranking is searched again with it. The chunks both rankings put first pull the
+        query towards the notes' own wording — a question's paraphrase moves towards the note
+        that answers it, and BM25's exact matches inform the vector side. Measured through the
+        daemon (ragctl eval, 2026-12-01), off -> 5 chunks at weight 0.5: dev set MRR@10 0.803
+        -> 0.828, hit@1 0.72 -> 0.76 (hit@5 0.96 -> 0.94); SciFact train nDCG@10 0.7168 ->
+        0.7212, test 0.7127 -> 0.7170. At weight 0.5 every size from 3 to 8 chunks gained on
+        both sets (dev MRR@10 +0.007 to +0.025, SciFact train +0.001 to +0.004); at weight 1.0
+        3-4 chunks lost on the dev set and 6-8 on SciFact."""
+        m, beta = self.cfg.feedback_chunks, self.cfg.feedback_weight
+        if m <= 0 or beta <= 0 or query_vector is None or "vector" not in lists:
+            return
+        t = time.perf_counter()
+        space, qv = query_vector
+        first = partial_rrf(lists, self.cfg.rrf_k, weights, info.get("vector_coverage", 1.0),
+                            info.get("unembedded", ()))
+        top = sorted(first, key=lambda c: -first[c])[:m]
+        # (an unsaved buffer's chunks, ids < 0, give none: their vectors are not in the index)
+        found, vecs = space.vectors.get([c for c in top if c >= 0])
+        if not found:
+            return
+        q2 = _unit(qv) + beta * _unit(vecs).mean(axis=0)
+        q2 = _unit(q2)
+        ids, cos = self._dense(db, space, q2, n, filters, info, view, bufs)
+        self._set_vector_list(ids, cos, lists, parts)
+        info["feedback"] = {"chunks": len(found), "weight": beta}
+        info["timings"]["feedback_ms"] = round((time.perf_counter() - t) * 1e3, 2)
 
     def _rerank(self, db, query: str, ranked: list[Candidate], top: list[Candidate],
                 info: dict) -> None:
