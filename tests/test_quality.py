@@ -189,3 +189,32 @@ def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon,
     order = sorted(got, key=lambda c: ranks[c])  # ranked by those cosines (ties aside)
     assert all(want[a] >= want[b] - 1e-3 for a, b in zip(order, order[1:]))
     assert [chunk(r) for r in on["results"]] != [chunk(r) for r in off["results"]]  # it moved
+
+
+def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path):
+    """Emoji and other symbols (⛔ 📅 of a task line) are words to the user: FTS5's tokenizer
+    drops them, so `ragctl search ⛔` answered "nothing relevant" while grep found the lines.
+    The tantivy index keeps them: hybrid and BM25 search find the notes holding one, the
+    lines are marked, and a symbol nothing holds still gets "nothing relevant"."""
+    root = tmp_path / "v"
+    root.mkdir()
+    (root / "errands.md").write_text("# Errands\n\n- [ ] Buy milk 📅 2026-12-01\n"
+                                     "- [ ] Post the parcel ⛔ abc123\n")
+    (root / "garden.md").write_text("# Garden\n\nPrune the roses in March. 🌹\n")
+    (root / "reading.md").write_text("# Reading\n\nBooks to read this winter.\n")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        d.wait_idle()
+        for mode in ("hybrid", "bm25"):
+            res = d.call("search", query="⛔", mode=mode, wait=10)
+            assert res.get("bm25_index") == "tantivy", res
+            names = [Path(r["path"]).name for r in res["results"]]
+            # (hybrid adds what the vectors find: in three notes, every note)
+            assert names[0] == "errands.md" and (mode == "hybrid" or names == ["errands.md"])
+            assert res["results"][0]["match_lines"] == [4]
+        res = d.call("search", query="🌹 roses", mode="bm25")
+        assert Path(res["results"][0]["path"]).name == "garden.md"
+        res = d.call("search", query="⚓", mode="bm25")
+        assert res["results"] == [] and "nothing relevant" in res["reason"]

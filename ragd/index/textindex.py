@@ -10,7 +10,9 @@ tags (twice: see search_text) and body.
 
 The words are FTS5's own: ``bm25.index_tokens`` gives each text as the porter tokenizer of
 chunks_fts sees it (stems, diacritics folded), tantivy only splits them on whitespace, and a
-query is tokenized the same way — so a word matches here exactly when it matches in FTS5.
+query is tokenized the same way — so a word matches here exactly when it matches in FTS5. One
+addition: the symbols FTS5 drops (emoji, dingbats: ``bm25.symbols``), each a token of its own,
+so that a search for ⛔ finds the task lines holding it, as grep would.
 
 SQLite stays the record, FTS5 included: it serves the keyword ranking while this index is being
 filled (the first start, or after its folder was lost) or is behind the search's snapshot (see
@@ -96,11 +98,20 @@ def uninstall(db: sqlite3.Connection) -> None:
 # tantivy has no such weights in one field, and a field each, their scores summed, ranked worse
 # (dev MRR@10 0.538). BM25 alone, in process — heading and keywords twice: dev MRR@10 0.657,
 # SciFact train nDCG@10 0.7054; once: 0.632, 0.7036; FTS5's weighted columns: 0.621, 0.7043.
-FORMAT = "1"  # of the indexed text and schema: another format rebuilds the folder
+FORMAT = "2"  # of the indexed text and schema: another format rebuilds the folder
+# (1 -> 2: symbol tokens)
 
 
 def search_text(heading: str, keywords: str, body: str) -> str:
     return "\n".join(p for p in (heading, keywords, heading, keywords, body) if p)
+
+
+def indexed_texts(db: sqlite3.Connection, rows) -> list[str]:
+    """What the index holds of each chunk row (id, file_id, heading, keywords, body): FTS5's
+    tokens, then its symbols."""
+    texts = [search_text(r[2], r[3], r[4]) for r in rows]
+    return [" ".join([tokens, *bm25.symbols(text)]) if any(ch > "\x7f" for ch in text)
+            else tokens for tokens, text in zip(bm25.index_tokens(db, texts), texts)]
 
 
 def _schema():
@@ -242,7 +253,7 @@ class TextIndex(outbox.OutboxSync):
             rows = db.execute(
                 f"SELECT id, file_id, heading, keywords, body FROM chunks "
                 f"WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
-            texts = bm25.index_tokens(db, [search_text(r[2], r[3], r[4]) for r in rows])
+            texts = indexed_texts(db, rows)
             for cid in ids:
                 w.delete_documents_by_term("id", cid)
             for (cid, fid, *_), text in zip(rows, texts):
@@ -284,6 +295,19 @@ class TextIndex(outbox.OutboxSync):
         """Chunks holding an index token (a stem, as bm25.index_tokens gives it)."""
         return searcher.doc_freq("text", token)
 
+    def holds_any(self, searcher, tokens: list[str], files=None) -> bool:
+        """Does a chunk (of these file ids, when given) hold one of these tokens?"""
+        import tantivy
+        q = tantivy.Query.boolean_query([
+            (tantivy.Occur.Should, tantivy.Query.term_query(self.schema, "text", t))
+            for t in tokens])
+        if files is not None:
+            q = tantivy.Query.boolean_query([
+                (tantivy.Occur.Must, q),
+                (tantivy.Occur.Must, tantivy.Query.term_set_query(
+                    self.schema, "file_id", [int(f) for f in files]))])
+        return bool(searcher.search(q, 1, count=False).hits)
+
     def in_file(self, searcher, tokens: list[str], file_id: int) -> bool:
         """Does a chunk of the file hold these tokens (one token, or a phrase)?"""
         import tantivy
@@ -302,9 +326,10 @@ class TextIndex(outbox.OutboxSync):
         import tantivy
         schema = self.schema
         parts = bm25.query_parts(query)
-        if not parts or searcher is None:
+        signs = list(dict.fromkeys(bm25.symbols(query)))
+        if not (parts or signs) or searcher is None:
             return []
-        words = bm25.index_tokens(db, [p.strip('"') for p in parts])
+        words = bm25.index_tokens(db, [p.strip('"') for p in parts]) + signs
         total = max(searcher.num_docs, 1)
         clauses, kept = [], []
         for toks in words:

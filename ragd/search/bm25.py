@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import unicodedata
 from dataclasses import dataclass
 
 from ragd.search.filters import Filters
@@ -42,6 +43,13 @@ def query_parts(text: str) -> list[str]:
             seen.add(w)
             parts.append(f'"{w}"')
     return parts
+
+
+def symbols(text: str) -> list[str]:
+    """The symbol characters of a text (Unicode category So: emoji, dingbats — the ⛔ 📅 ✅ of a
+    task line), in order. FTS5's tokenizer drops them, so a search for one found nothing where
+    grep finds it; the tantivy index keeps each as a token of its own (textindex.py)."""
+    return [ch for ch in text if ch > "\x7f" and unicodedata.category(ch) == "So"]
 
 
 def fts_query(text: str) -> str:
@@ -191,14 +199,17 @@ def _stem(word: str) -> str:
 
 
 def matching_lines(text: str, line_start: int, query: str) -> list[int]:
-    """The (1-based) lines of a chunk's text holding a content word of the query."""
+    """The (1-based) lines of a chunk's text holding a content word or a symbol of the
+    query."""
     stems = {_stem(w) for w in content_terms(query) if not w.startswith('"')}
-    if not stems:
+    signs = set(symbols(query))
+    if not stems and not signs:
         return []
     out = []
     for i, line in enumerate(text.split("\n")):
         words = {_stem(w) for w in _WORD.findall(line)}
-        if any(any(w.startswith(s) for w in words) for s in stems):
+        if any(any(w.startswith(s) for w in words) for s in stems) or \
+                any(ch in line for ch in signs):
             out.append(line_start + i)
     return out
 

@@ -142,6 +142,7 @@ class Searcher:
         n = max(self.cfg.search_candidates, k)
         lists: dict[str, list[int]] = {}
         parts: dict[int, dict] = {}
+        signed = False  # a chunk holds a symbol of the query (see _bm25_ranking)
 
         if mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
             mode = info["mode"] = "bm25"  # dense search is off by configuration: not degraded
@@ -154,8 +155,8 @@ class Searcher:
             coverage = self._coverage(db, space.vectors) if space is not None else 1.0
             share = (bm25.HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
                      else bm25.COMMON_SHARE)
-            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view,
-                               text_view, share)
+            signed = self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info,
+                                        view, text_view, share)
         query_vector = None
         if mode in ("hybrid", "vector"):
             got = self._vector_ranking(db, embedding, n, filters, lists, parts, info, view, bufs)
@@ -166,14 +167,15 @@ class Searcher:
                 info["reason"] = got
                 info["requested_mode"] = mode
                 if mode == "vector":
-                    self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view,
-                                       text_view)
+                    signed = self._bm25_ranking(db, query, n, filters, bufs, lists, parts,
+                                                info, view, text_view)
                 mode = info["mode"] = "bm25"
         elif mode == "bm25":
-            self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view, text_view)
+            signed = self._bm25_ranking(db, query, n, filters, bufs, lists, parts, info, view,
+                                        text_view)
         t = time.perf_counter()
 
-        if not self._anything_relevant(db, query, mode, filters, lists, info):
+        if not self._anything_relevant(db, query, mode, filters, lists, info, signed):
             return [], info
         weights = {"vector": vector_weight(query), "bm25": 1.0}
         coverage = info.get("vector_coverage", 1.0)
@@ -213,11 +215,11 @@ class Searcher:
         return ranked, info
 
     def _anything_relevant(self, db, query: str, mode: str, filters: Filters,
-                           lists: dict[str, list[int]], info: dict) -> bool:
+                           lists: dict[str, list[int]], info: dict, signed: bool) -> bool:
         """'Nothing relevant' only when neither signal has anything: no vector above the
-        similarity threshold, and no chunk holding a content word of the query (question and
-        filler words alone do not count). Below the threshold the vector list is dropped and
-        BM25 answers, flagged below_threshold."""
+        similarity threshold, and no chunk holding a content word or a symbol (`signed`) of
+        the query (question and filler words alone do not count). Below the threshold the
+        vector list is dropped and BM25 answers, flagged below_threshold."""
         weak_vectors = "vector" in lists and info.get("best_similarity", 1.0) < self.threshold()
         if mode == "vector":
             if weak_vectors:
@@ -227,8 +229,8 @@ class Searcher:
                     return self._nothing(info)
                 info["below_threshold"] = True
             return True
-        keywords = bool(lists.get("bm25")) and (
-            bm25.content_match(db, query, filters) or any(c < 0 for c in lists["bm25"]))
+        keywords = bool(lists.get("bm25")) and (signed or bm25.content_match(db, query, filters)
+                                                or any(c < 0 for c in lists["bm25"]))
         if weak_vectors:
             del lists["vector"]
             if not keywords:
@@ -281,10 +283,12 @@ class Searcher:
         return min(1.0, len(vectors) / total) if total else 1.0
 
     def _bm25_ranking(self, db, query, n, filters, bufs, lists, parts, info, view, text_view,
-                      share: float = bm25.COMMON_SHARE) -> None:
+                      share: float = bm25.COMMON_SHARE) -> bool:
         """Fill lists['bm25']: from the Milvus collection `view` when given, else from the
         tantivy searcher of text_view when it holds this snapshot, else FTS5 (dropping query
-        words in over `share` of the rows)."""
+        words in over `share` of the rows). Returns whether a chunk holds a symbol of the query
+        (only tantivy indexes them: bm25.symbols)."""
+        signed = False
         t = time.perf_counter()
         hits = None
         if view is not None:
@@ -299,8 +303,10 @@ class Searcher:
                 why = "fts5 (unsaved editor buffers are searched)"
             elif searcher is not None:
                 try:
-                    hits = self.text.search(searcher, db, query, n, share,
-                                            filters.file_ids(db) if filters.active else None)
+                    files = filters.file_ids(db) if filters.active else None
+                    hits = self.text.search(searcher, db, query, n, share, files)
+                    signs = bm25.symbols(query)
+                    signed = bool(hits and signs and self.text.holds_any(searcher, signs, files))
                 except Exception as e:  # tantivy failing: FTS5 answers, said so
                     why = f"fts5 (tantivy failed: {type(e).__name__}: {e})"[:300]
             info["bm25_index"] = why
@@ -313,6 +319,7 @@ class Searcher:
         for cid, score in hits:
             parts.setdefault(cid, {})["bm25"] = round(score, 6)
         info["timings"]["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        return signed
 
     def _vector_ranking(self, db, embedding, n, filters: Filters, lists, parts,
                         info, view=None, bufs=()):
