@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 from pathlib import Path
 
 from ragd import protocol as P
@@ -225,6 +226,11 @@ def do_eval(args) -> int:
     modes = ["bm25", "vector", "hybrid"] if args.mode == "all" else [args.mode]
     with connect(args, timeout=120) as c:
         roots = {s["name"]: s["path"] for s in c.call("sources")}
+        gone = evaluate.missing(questions, roots)
+        if gone:
+            print(f"ragctl: eval: {len(gone)} relevant path{'s' * (len(gone) > 1)} in no "
+                  f"source (their questions can only miss): {', '.join(gone[:5])}"
+                  + (" …" if len(gone) > 5 else ""), file=sys.stderr)
         results = [evaluate.run(c, questions, m, args.source, roots) for m in modes]
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0], ensure_ascii=False))
@@ -272,6 +278,8 @@ def do_reload(args) -> int:
                            ("changed", "sources changed (re-read)")):
             if r[key]:
                 print(f"  {label}: {', '.join(r[key])}")
+        if r.get("applied"):
+            print(f"  settings applied: {', '.join(r['applied'])}")
         if r.get("rechunk"):
             print("  chunk size changed: every file is re-chunked")
         if r["restart_needed"]:
@@ -317,8 +325,10 @@ def do_status(args) -> int:
             if role == "embedding" and "vectors" in e:
                 chunks = sum(s["chunks"] for s in st["sources"]) or 0
                 todo = e.get("pending_texts")
+                eta = "" if not e.get("eta_s") else f", ~{e['eta_s']} s left" \
+                    if e["eta_s"] < 90 else f", ~{round(e['eta_s'] / 60)} min left"
                 left = ("counting the texts to embed" if todo is None else
-                        f"{todo} texts to embed" if todo else "every chunk embedded")
+                        f"{todo} texts to embed{eta}" if todo else "every chunk embedded")
                 pct = f" ({100 * min(e['vectors'], chunks) / chunks:.0f}%)" if chunks else ""
                 line += f"  {e['vectors']} vectors{pct}, {left} ({e['embedder']})"
             if role == "generator" and e.get("context"):
@@ -418,7 +428,7 @@ def do_search(args) -> int:
             for n in shown:
                 k = n - r["line_start"]
                 text = lines[k].strip() if 0 <= k < len(lines) else ""
-                print(f"    {n:>5}: {_mark(_one_line(text)[:160], terms, color)}")
+                print(f"    {n:>5}: {_mark(_excerpt(_one_line(text), terms), terms, color)}")
             if args.explain:
                 print(f"    why: {_explain(r['scores'], res.get('weights'))}")
         if args.explain and res.get("feedback"):
@@ -503,7 +513,7 @@ _STOP = frozenset("a an and are as at be by can do does for from has have how i 
 
 def _terms(query: str) -> list[str]:
     """The query's words to mark in results, cut to a stem-ish prefix (FTS5 stems with
-    porter: 'repeating' matched 'repeat')."""
+    porter: 'repeating' matched 'repeat'), and its symbols (emoji: words to the index too)."""
     out = []
     for w in re.findall(r"\w+", query.lower()):
         if w in _STOP or len(w) < 2:
@@ -513,14 +523,32 @@ def _terms(query: str) -> list[str]:
                 w = w[: -len(suffix)]
                 break
         out.append(w)
+    out += [ch for ch in query if ch > "\x7f" and unicodedata.category(ch) == "So"]
     return sorted(set(out), key=len, reverse=True)
+
+
+def _pattern(terms: list[str]) -> re.Pattern:
+    """Where terms match: a word at a word's start (and the rest of that word), a symbol
+    anywhere."""
+    return re.compile("|".join(rf"\b{re.escape(t)}\w*" if re.match(r"\w", t) else re.escape(t)
+                               for t in terms), re.I)
 
 
 def _mark(text: str, terms: list[str], color: bool) -> str:
     if not terms or not color:
         return text
-    pattern = re.compile(r"\b(" + "|".join(re.escape(t) for t in terms) + r")\w*", re.I)
-    return pattern.sub(lambda m: f"\033[1;31m{m.group(0)}\033[0m", text)
+    return _pattern(terms).sub(lambda m: f"\033[1;31m{m.group(0)}\033[0m", text)
+
+
+def _excerpt(line: str, terms: list[str], width: int = 160) -> str:
+    """At most `width` characters of a line, around its first match when it is longer: cuts
+    are shown with "…"."""
+    if len(line) <= width:
+        return line
+    m = _pattern(terms).search(line) if terms else None
+    start = max(0, min((m.start() if m else 0) - width // 3, len(line) - width))
+    cut = line[start:start + width]
+    return ("…" if start else "") + cut + ("…" if start + width < len(line) else "")
 
 
 def _bold(text: str, color: bool) -> str:
@@ -627,7 +655,8 @@ def do_files(args) -> int:
                     every.append(f)
                 else:
                     why = f"  ({_one_line(f['reason'])})" if f["reason"] else ""
-                    print(f"{f['status']:<8} {f['chunks']:>4} chunks  {_one_line(f['path'])}{why}")
+                    print(f"{f['status']:<8} {f['chunks']:>4} chunk{'s' * (f['chunks'] != 1)} "
+                          f" {_one_line(f['path'])}{why}")
             after = page.get("next")
             if not after:
                 break

@@ -67,6 +67,7 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
     """Search every question; returns overall and per-kind figures, and each question's."""
     rows = []
     lat = []
+    used: dict[str, int] = {}  # the modes the replies say they used
     for q in questions:
         args = {"query": q["question"], "k": max(k, 10)}
         if mode:
@@ -76,6 +77,7 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
         t = time.perf_counter()
         res = client.call("search", **args)
         lat.append((time.perf_counter() - t) * 1e3)
+        used[res["mode"]] = used.get(res["mode"], 0) + 1
         ranked: list[str] = []
         for r in res["results"]:
             root = roots.get(r["source"])
@@ -92,7 +94,7 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
             row.update(metrics(ranked, set(q["relevant"])))
         rows.append(row)
     scored = [r for r in rows if "mrr@10" in r]
-    out: dict = {"mode": mode or "default", "questions": len(scored),
+    out: dict = {"mode": mode or max(used, key=used.get), "questions": len(scored),
                  "overall": _mean(scored), "by_kind": {}}
     for kind in sorted({r["kind"] for r in scored}):
         sub = [r for r in scored if r["kind"] == kind]
@@ -106,6 +108,18 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
     lat.sort()
     out["p50_ms"] = round(lat[len(lat) // 2], 1)
     out["rows"] = rows
+    return out
+
+
+def missing(questions: list[dict], roots: dict[str, str]) -> list[str]:
+    """The relevant paths no source root holds on disk (renamed, moved, deleted, or a
+    typo): their questions can only miss."""
+    out = []
+    for q in questions:
+        for rel in q["relevant"]:
+            if not any((Path(root) / rel).is_file() for root in roots.values()) \
+                    and rel not in out:
+                out.append(rel)
     return out
 
 

@@ -693,9 +693,11 @@ class Ops:
                 "space_note": space.note if space is not None else None,
                 "vectors": len(space.vectors) if space is not None else 0,
                 "vector_index": space.searched_by() if space is not None else None,
-                "pending_texts": emb.pending(),
+                "pending_texts": (todo := emb.pending()),
                 "embedded_texts": s.texts, "embedded_tokens": s.tokens,
                 "truncated": s.truncated, "failed": s.failed,
+                # at the pace of the texts embedded since start (engine time per text)
+                "eta_s": round(todo * s.seconds / s.texts) if todo and s.texts >= 32 else None,
             })
             chunks = sum(c.get("chunks", 0) for c in self._counts().values())
             switch = self.embedding.status(chunks)

@@ -205,6 +205,7 @@ class Runtime:
             removed = [n for n in old if n not in now or old[n].root != now[n].root]
             added = [n for n in now if n not in old or old[n].root != now[n].root]
             changed = [n for n in now if n in old and n not in added and old[n] != now[n]]
+            applied = [f for f in LIVE if getattr(cfg, f) != getattr(new, f)]
             for field in LIVE:
                 setattr(cfg, field, getattr(new, field))
             model_note = None
@@ -233,10 +234,11 @@ class Runtime:
                 self.indexer.request_scan(force=True)
             result = {"config": str(cfg.path) if cfg.path else None, "added": added,
                       "removed": removed, "changed": changed, "rechunk": rechunk,
-                      "restart_needed": restart, "embedding": model_note}
-            log.info("reloaded %s: sources added %s, removed %s, changed %s%s%s",
+                      "applied": applied, "restart_needed": restart, "embedding": model_note}
+            log.info("reloaded %s: sources added %s, removed %s, changed %s%s%s%s",
                      cfg.path or "built-in defaults", added or "none", removed or "none",
-                     changed or "none", "; re-chunking every file" if rechunk else "",
+                     changed or "none", f"; applied {', '.join(applied)}" if applied else "",
+                     "; re-chunking every file" if rechunk else "",
                      f"; a restart is needed for {', '.join(restart)}" if restart else "")
             return result
 

@@ -101,6 +101,11 @@ def test_eval_measures_by_note(make_daemon, tmp_path):
         assert res["out_of_scope"] == {"n": 1, "nothing_relevant": 1, "flagged": 1}
         r = ragctl("--config", d.config, "eval", "--misses", qfile)
         assert "miss" in r.stdout and "dough" in r.stdout and "hit@1" in r.stdout
+        assert r.stderr == "" and "default" not in r.stdout  # rows name the mode used
+        (root / "pears.md").rename(root / "pear.md")  # the questions file now names a ghost
+        r = ragctl("--config", d.config, "eval", qfile)
+        assert r.returncode == 0 and "1 relevant path in no source" in r.stderr \
+            and "pears.md" in r.stderr, r.stderr
         bad = tmp_path / "bad.jsonl"
         bad.write_text('{"question": "x"}\n{not json\n')
         r = ragctl("--config", d.config, "eval", bad)
@@ -156,7 +161,7 @@ def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon,
         assert off["mode"] == "hybrid" and "feedback" not in off
         d.config.write_text(d.config.read_text().replace("feedback_chunks = 0",
                                                          "feedback_chunks = 5"))
-        d.call("reload")
+        assert d.call("reload")["applied"] == ["feedback_chunks"]
         on = d.call("search", query=query, k=300, group="chunk")
         assert on["feedback"] == {"chunks": 5, "weight": 0.5}
         assert on["best_similarity"] == off["best_similarity"]  # the query's own
@@ -214,7 +219,23 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path):
             # (hybrid adds what the vectors find: in three notes, every note)
             assert names[0] == "errands.md" and (mode == "hybrid" or names == ["errands.md"])
             assert res["results"][0]["match_lines"] == [4]
+            assert res["confidence"] == 1.0 and res["low_confidence"] is False
         res = d.call("search", query="🌹 roses", mode="bm25")
         assert Path(res["results"][0]["path"]).name == "garden.md"
         res = d.call("search", query="⚓", mode="bm25")
         assert res["results"] == [] and "nothing relevant" in res["reason"]
+
+
+def test_a_shown_line_holds_its_match():
+    """ragctl shows a long line around its first match, cut with "…" (a match past the 160th
+    character was cut off), and marks symbols as it marks words."""
+    from ragctl.cli import _excerpt, _mark, _terms
+    terms = _terms("what does ⛔ mean for dependencies")
+    assert "⛔" in terms and "dependenci" in terms
+    line = "a" * 300 + " - [ ] Post the parcel ⛔ abc123 " + "b" * 300
+    shown = _excerpt(line, terms)
+    assert "⛔ abc123" in shown and shown.startswith("…") and shown.endswith("…")
+    assert len(shown) == 162
+    assert _excerpt("short ⛔", terms) == "short ⛔"
+    assert _mark("x ⛔ y dependencies", terms, True) == \
+        "x \033[1;31m⛔\033[0m y \033[1;31mdependencies\033[0m"

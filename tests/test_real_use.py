@@ -324,8 +324,11 @@ def test_status_never_says_zero_texts_to_embed_while_vectors_are_missing(make_da
             e = st["engines"].get("embedding", {})
             chunks = st["sources"][0]["chunks"]
             todo, vectors = e.get("pending_texts"), e.get("vectors", 0)
+            if todo and e.get("embedded_texts", 0) >= 32:  # at the pace so far
+                assert e["eta_s"] >= 0, e
             if todo == 0:
                 assert vectors == chunks and st["idle"], (todo, vectors, chunks)
+                assert e["eta_s"] is None
                 break
             assert time.monotonic() < deadline
             time.sleep(0.02)

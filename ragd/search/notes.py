@@ -110,16 +110,20 @@ def _files_of(db: sqlite3.Connection, ids: list[int], overlay=None) -> dict[int,
 
 def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
                overlay=None, text=None) -> float | None:
-    """The IDF-weighted share of the query's content words found in one of the best notes
-    (0..1); None when the query has no content word. `text`: (the tantivy index, the searcher
-    of this snapshot), when it serves: its document frequencies and per-note lookups skip,
-    where FTS5's walk a word's whole doclist (16 ms a query at 100k chunks, tantivy 0.6)."""
+    """The IDF-weighted share of the query's content words (and symbols, when tantivy serves:
+    only it indexes them) found in one of the best notes (0..1); None when the query has
+    neither. `text`: (the tantivy index, the searcher of this snapshot), when it serves: its
+    document frequencies and per-note lookups skip, where FTS5's walk a word's whole doclist
+    (16 ms a query at 100k chunks, tantivy 0.6)."""
+    text, searcher = text if text is not None else (None, None)
     words = [w for w in bm25.content_terms(query) if not w.startswith('"')]
+    signs = list(dict.fromkeys(bm25.symbols(query))) if searcher is not None else []
+    stems = ([t.split() for t in bm25.index_tokens(db, words)] + [[s] for s in signs]
+             if searcher is not None else None)
+    words += signs
     if not words or not notes:
         return None if not words else 0.0
     rows = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'").fetchone()[0]
-    text, searcher = text if text is not None else (None, None)
-    stems = [t.split() for t in bm25.index_tokens(db, words)] if searcher is not None else None
     weights = {}
     for i, w in enumerate(words):
         if stems is not None:
