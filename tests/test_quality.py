@@ -60,6 +60,8 @@ def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
         assert names(before="2026-06-05") == ["alpha.md"]
         assert names(since=t0 + 5 * day, before=t0 + 15 * day) == ["beta.md"]
         assert names(path="Projects/*") == ["alpha.md", "beta.md"]
+        assert names(since="2000-01-01") == names()  # a filter every file passes
+        assert names(path="Nowhere/*") == []
         r = ragctl("--config", d.config, "search", "meeting", "--tag", "journal", "--mode", "bm25")
         assert r.returncode == 0 and "day.md" in r.stdout and "alpha.md" not in r.stdout
         r = ragctl("--config", d.config, "search", "meeting", "--since", "June first")

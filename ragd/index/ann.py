@@ -137,8 +137,12 @@ class AnnIndex:
                 m = self._ix.search(q, min(k, n))
                 return m.keys.astype(np.int64), (1.0 - m.distances).astype(np.float32)
             allowed = set(files.tolist())
-            chosen = [c for f in allowed for c in self._by_file.get(f, ())]
-        if len(chosen) <= EXACT_BELOW:
+            # few chunks pass: those exactly; many: the graph (only counted: a list of a
+            # hundred thousand ids cost 10 ms a search)
+            count = sum(len(self._by_file.get(f, ())) for f in allowed)
+            chosen = [c for f in allowed for c in self._by_file.get(f, ())] \
+                if count <= EXACT_BELOW else None
+        if chosen is not None:
             found, vecs = self.get(chosen)  # few: exactly
             if not found:
                 return np.empty(0, np.int64), np.empty(0, np.float32)
