@@ -29,9 +29,16 @@ from ragd.config import Config
 DEFAULT = Config.__dataclass_fields__["feedback_chunks"].default
 
 
-def set_feedback(cfg: Path, chunks: int) -> None:
-    text = re.sub(r"\n# bench/feedback\.py\n\[search\]\nfeedback_chunks = \d+\n", "\n",
+def unset_feedback(cfg: Path) -> str:
+    """Take this bench's [search] table out of the config; returns the text left."""
+    text = re.sub(r"\n*# bench/feedback\.py\n\[search\]\nfeedback_chunks = \d+\n", "\n",
                   cfg.read_text())
+    cfg.write_text(text)
+    return text
+
+
+def set_feedback(cfg: Path, chunks: int) -> None:
+    text = unset_feedback(cfg)
     if "\n[search]\n" in text:
         raise SystemExit(f"{cfg}: has a [search] table; this bench adds its own")
     cfg.write_text(text + f"\n# bench/feedback.py\n[search]\nfeedback_chunks = {chunks}\n")
@@ -74,9 +81,7 @@ def main() -> None:
                     d.call("reload")
                     runs[name].append(p50(d, qs, name == "on"))
     finally:
-        set_feedback(cfg, 0)
-        cfg.write_text(re.sub(r"\n# bench/feedback\.py\n\[search\]\nfeedback_chunks = \d+\n",
-                              "\n", cfg.read_text()))
+        unset_feedback(cfg)
     embed = raw_embed_p50(args.model, qs, args.keep)
     off, on = statistics.median(runs["off"]), statistics.median(runs["on"])
     result = {"chunks": chunks, "queries": len(qs), "rounds": args.rounds,

@@ -295,17 +295,24 @@ class TextIndex(outbox.OutboxSync):
         """Chunks holding an index token (a stem, as bm25.index_tokens gives it)."""
         return searcher.doc_freq("text", token)
 
+    def _only_in(self, query, files):
+        """The query, only over the chunks of these file ids (None: every chunk); the file
+        clause adds nothing to the scores."""
+        import tantivy
+        if files is None:
+            return query
+        return tantivy.Query.boolean_query([
+            (tantivy.Occur.Must, query),
+            (tantivy.Occur.Must, tantivy.Query.const_score_query(
+                tantivy.Query.term_set_query(self.schema, "file_id", [int(f) for f in files]),
+                0.0))])
+
     def holds_any(self, searcher, tokens: list[str], files=None) -> bool:
         """Does a chunk (of these file ids, when given) hold one of these tokens?"""
         import tantivy
-        q = tantivy.Query.boolean_query([
+        q = self._only_in(tantivy.Query.boolean_query([
             (tantivy.Occur.Should, tantivy.Query.term_query(self.schema, "text", t))
-            for t in tokens])
-        if files is not None:
-            q = tantivy.Query.boolean_query([
-                (tantivy.Occur.Must, q),
-                (tantivy.Occur.Must, tantivy.Query.term_set_query(
-                    self.schema, "file_id", [int(f) for f in files]))])
+            for t in tokens]), files)
         return bool(searcher.search(q, 1, count=False).hits)
 
     def in_file(self, searcher, tokens: list[str], file_id: int) -> bool:
@@ -348,13 +355,8 @@ class TextIndex(outbox.OutboxSync):
         if not clauses:
             return []
         kept = kept or clauses  # only common words: keep them all (as prune_common does)
-        query_ = tantivy.Query.boolean_query([(tantivy.Occur.Should, q) for q in kept])
-        if files is not None:
-            query_ = tantivy.Query.boolean_query([
-                (tantivy.Occur.Must, query_),
-                (tantivy.Occur.Must, tantivy.Query.const_score_query(
-                    tantivy.Query.term_set_query(schema, "file_id", [int(f) for f in files]),
-                    0.0))])
+        query_ = self._only_in(
+            tantivy.Query.boolean_query([(tantivy.Occur.Should, q) for q in kept]), files)
         hits = searcher.search(query_, n, count=False).hits
         if not hits:
             return []
