@@ -93,7 +93,7 @@ def main(argv=None) -> int:
         rt = Runtime(cfg, args.config, args.source)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: rt.stop())
-        signal.signal(signal.SIGHUP, lambda signum, frame: rt.reload_wanted.set())
+        signal.signal(signal.SIGHUP, lambda signum, frame: rt.request_reload())
         if hasattr(signal, "SIGXFSZ"):  # a file size limit is a write error, not death
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         return rt.run(args.background)

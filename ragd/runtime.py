@@ -64,8 +64,13 @@ class Runtime:
         self.cfg = cfg
         self.cli_config = cli_config
         self.cli_sources = cli_sources
-        self.stop_event = threading.Event()
-        self.reload_wanted = threading.Event()
+        # The main loop sleeps on this pipe: a byte b"s" asks it to stop, b"r" to reload. A
+        # signal handler may only write here: one that set a threading.Event took the Event's
+        # lock, and a SIGTERM landing while the main thread held that same lock (entering or
+        # leaving its wait) deadlocked the daemon for good (CI: a stop right after start
+        # never logged "stopping").
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self._reload_lock = threading.Lock()
         self.vectors = VectorStore(cfg.data_dir, cfg.vector_dtype, cfg.ann_threshold)
         self.vectors.enabled = bool(cfg.embedding_model)
@@ -135,14 +140,14 @@ class Runtime:
             log.info("ready in %.3fs; indexing %d source(s) in the background",
                      time.monotonic() - t0, len(cfg.sources))
             self._schedule_gc(first=60.0)
-            while not self.stop_event.is_set():  # signals set these; nothing polls
-                self.reload_wanted.wait()
-                self.reload_wanted.clear()
-                if not self.stop_event.is_set():
-                    try:
-                        self.reload()
-                    except ReloadError as e:
-                        log.error("reload: %s; going on with the config in force", e)
+            while True:  # signals and the stop op write to the pipe; nothing polls
+                asked = os.read(self._wake_r, 512)
+                if b"s" in asked:
+                    break
+                try:
+                    self.reload()
+                except ReloadError as e:
+                    log.error("reload: %s; going on with the config in force", e)
             log.info("stopping")
         finally:
             self.ops.stopping.set()
@@ -158,12 +163,26 @@ class Runtime:
             self.embedding.stop()  # the embedders write their spaces' snapshots
             self.engines.stop()
             self.ops.reads.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
             log.info("stopped")
         return 0
 
+    def _wake(self, what: bytes) -> None:
+        try:
+            os.write(self._wake_w, what)
+        except BlockingIOError:  # the pipe is full of asks already: this one adds nothing new
+            pass
+        except OSError:  # closed: the daemon has stopped
+            pass
+
     def stop(self) -> None:
-        self.stop_event.set()
-        self.reload_wanted.set()
+        """Ask the main loop to stop (safe in a signal handler: a write to a pipe, no lock)."""
+        self._wake(b"s")
+
+    def request_reload(self) -> None:
+        """Ask the main loop to reload the config (SIGHUP; safe in a signal handler)."""
+        self._wake(b"r")
 
     def _on_embedding(self, model) -> None:
         """The configured embedding model is ready (engines-setup thread): it serves — or, a

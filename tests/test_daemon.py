@@ -222,3 +222,23 @@ def test_sigterm_during_initial_index_leaves_a_consistent_index(make_daemon, tmp
     with d:
         st = d.wait_idle()
         assert st["sources"][0]["files"] + st["sources"][0]["skipped"] == 885
+
+
+def test_a_storm_of_signals_never_wedges_the_main_thread(make_daemon, tmp_path):
+    """Signal handlers only write to a pipe. They used to set threading.Events: a signal
+    landing while the main thread held that Event's lock (entering or leaving its wait)
+    deadlocked it, and the daemon never stopped (CI: a SIGTERM right after start). Hundreds
+    of SIGHUPs, then SIGTERM: every reload is answered or coalesced, and the stop is prompt."""
+    d = make_daemon(vaults=(), sources=[])
+    d.start()
+    try:
+        for _ in range(5):
+            for _ in range(300):
+                d.proc.send_signal(signal.SIGHUP)
+            assert d.call("ping")  # alive, answering, between the storms
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(20) == 0
+    finally:
+        d.kill()
+    log = (tmp_path / "data" / "ragd.log").read_text()
+    assert "stopping" in log and "reloaded" in log
