@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 
 POOLING = {"none": "LLAMA_POOLING_TYPE_NONE", "mean": "LLAMA_POOLING_TYPE_MEAN",
            "cls": "LLAMA_POOLING_TYPE_CLS", "last": "LLAMA_POOLING_TYPE_LAST",
@@ -63,12 +62,14 @@ def main(argv=None) -> int:
     p.cpuparams.n_threads = args.threads
     p.cpuparams_batch.n_threads = args.threads
     p.hostnames = [args.host]
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+    # SIGTERM/SIGINT are blocked here, before the server's threads start (they inherit the
+    # mask), and taken by sigwait below: no Python handler, so none that could deadlock the
+    # main thread on a lock it holds (as an Event's set() in a handler could).
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     server = xlc.Server(p)  # starts the HTTP server; /health answers once the model is loaded
     print(f"bundled engine ({args.role}) listening on {server.listening_address}", flush=True)
-    done.wait()
+    signal.sigwait(stop)
     del server
     return 0
 
