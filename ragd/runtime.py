@@ -163,17 +163,21 @@ class Runtime:
             self.embedding.stop()  # the embedders write their spaces' snapshots
             self.engines.stop()
             self.ops.reads.close()
+            # (the number first: a late signal must not write to a file that reuses it)
+            w, self._wake_w = self._wake_w, -1
+            os.close(w)
             os.close(self._wake_r)
-            os.close(self._wake_w)
             log.info("stopped")
         return 0
 
     def _wake(self, what: bytes) -> None:
+        if self._wake_w < 0:  # stopped
+            return
         try:
             os.write(self._wake_w, what)
         except BlockingIOError:  # the pipe is full of asks already: this one adds nothing new
             pass
-        except OSError:  # closed: the daemon has stopped
+        except OSError:  # closed just now: the daemon has stopped
             pass
 
     def stop(self) -> None:
