@@ -499,8 +499,10 @@ def _explain(scores: dict, weights: dict | None) -> str:
             out.append(f"{name} rank {scores[name + '_rank']} (score {scores[name]}{w})")
         elif weights and name in weights:
             out.append(f"{name}: not in its top candidates")
-    for name, label in (("rrf", "fused (RRF)"), ("note", "note score (best chunk, length-"
-                                                       "damped)"), ("rerank", "reranker")):
+    for name, label in (("fused", "fused (convex: the scores scaled over their lists)"),
+                        ("rrf", "fused (RRF)"),
+                        ("note", "note score (best chunk, length-damped)"),
+                        ("rerank", "reranker")):
         if name in scores:
             out.append(f"{label} {scores[name]}")
     return "; ".join(out)

@@ -41,6 +41,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "candidates": (int, 100),
         "mode": (str, "hybrid"),
         "rrf_k": (int, 60),
+        "fusion": (str, "convex"),
+        "vector_share": (float, 0.6),
         "feedback_chunks": (int, 5),
         "feedback_weight": (float, 0.5),
         "min_similarity": (float, -1.0),
@@ -102,6 +104,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     },
 }
 SEARCH_MODES = ("hybrid", "vector", "bm25")
+FUSIONS = ("convex", "rrf")
 STORE_BACKENDS = ("sqlite", "milvus")
 BM25_INDEXES = ("tantivy", "fts5")
 POOLINGS = ("", "mean", "cls", "last", "rank", "none")
@@ -141,6 +144,8 @@ class Config:
     search_candidates: int = 100
     search_mode: str = "hybrid"
     rrf_k: int = 60
+    fusion: str = "convex"
+    vector_share: float = 0.6
     feedback_chunks: int = 5
     feedback_weight: float = 0.5
     min_similarity: float = -1.0
@@ -269,6 +274,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
         raise ConfigError(f"{where}: daemon.log_level must be one of {', '.join(LOG_LEVELS)}, "
                           f"got {d['log_level']!r}")
     for table, key, allowed in (("search", "mode", SEARCH_MODES),
+                                ("search", "fusion", FUSIONS),
                                 ("embedding", "vector_dtype", ("float32", "float16")),
                                 ("embedding", "pooling", POOLINGS),
                                 ("reranker", "pooling", POOLINGS)):
@@ -296,6 +302,9 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
         if values[table][key] < low:
             raise ConfigError(f"{where}: {table}.{key} must be at least {low}, "
                               f"got {values[table][key]}")
+    if not 0.0 <= values["search"]["vector_share"] <= 1.0:
+        raise ConfigError(f"{where}: search.vector_share must be between 0 and 1, "
+                          f"got {values['search']['vector_share']}")
     data_dir, sock = protocol.resolve_paths(d, env)
     if len(os.fsencode(sock)) > 100:
         raise ConfigError(f"{where}: daemon.socket: path {sock} is too long for a Unix socket "
@@ -335,7 +344,8 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   chunk_overlap=values["index"]["chunk_overlap"],
                   max_file_bytes=values["index"]["max_file_bytes"],
                   search_k=se["k"], search_candidates=se["candidates"], search_mode=se["mode"],
-                  rrf_k=se["rrf_k"], feedback_chunks=se["feedback_chunks"],
+                  rrf_k=se["rrf_k"], fusion=se["fusion"], vector_share=se["vector_share"],
+                  feedback_chunks=se["feedback_chunks"],
                   feedback_weight=se["feedback_weight"], min_similarity=se["min_similarity"],
                   rerank=se["rerank"],
                   bm25_index=se["bm25_index"],

@@ -28,12 +28,12 @@ log = logging.getLogger("ragd")
 
 # Config fields a reload applies at once. Sources are handled apart; everything else needs a
 # restart (RESTART), and a reload says so.
-LIVE = ("search_k", "search_candidates", "search_mode", "rrf_k", "feedback_chunks",
-        "feedback_weight", "min_similarity", "rerank", "rerank_top", "rerank_budget_ms",
-        "hub_url", "max_buffers_per_client", "gc_grace_hours", "gc_interval_hours",
-        "watch_quiet_ms", "scan_interval", "unwatched_scan_interval", "max_file_bytes",
-        "chunk_tokens", "chunk_overlap", "log_level", "generator_max_tokens", "generator_notes",
-        "generator_temperature")
+LIVE = ("search_k", "search_candidates", "search_mode", "rrf_k", "fusion", "vector_share",
+        "feedback_chunks", "feedback_weight", "min_similarity", "rerank", "rerank_top",
+        "rerank_budget_ms", "hub_url", "max_buffers_per_client", "gc_grace_hours",
+        "gc_interval_hours", "watch_quiet_ms", "scan_interval", "unwatched_scan_interval",
+        "max_file_bytes", "chunk_tokens", "chunk_overlap", "log_level", "generator_max_tokens",
+        "generator_notes", "generator_temperature")
 RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "max_connections": "daemon.max_connections", "llama_server": "engines.llama_server",
            "engine_threads": "engines.threads", "engine_startup_timeout": "engines.startup_timeout",

@@ -75,6 +75,8 @@ def test_default_paths(tmp_path):
     ("[index]\nchunk_tokens = true\n", "index.chunk_tokens must be an integer, got boolean"),
     ("[daemon]\nlog_level = 'loud'\n", "daemon.log_level must be one of"),
     ("[search]\nk = 0\n", "search.k must be at least 1"),
+    ("[search]\nfusion = 'sum'\n", "search.fusion must be one of 'convex', 'rrf'"),
+    ("[search]\nvector_share = 1.5\n", "search.vector_share must be between 0 and 1, got 1.5"),
     ("[store]\nbackend = 'qdrant'\n", "store.backend must be one of sqlite, milvus"),
     ("[store]\ncollection = 'my notes'\n", "store.collection must be letters"),
     ("[[sources]]\nname = 'n'\npath = '/definitely/not/here'\n",

@@ -47,7 +47,7 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind)
         res = d.call("search", query="make a task repeat on a schedule", k=5)
         assert res["mode"] == "hybrid" and res["degraded"] is False
         assert res["vector_coverage"] == 1.0
-        assert all("rrf" in r["scores"] for r in res["results"])
+        assert res["fusion"] == "convex" and all("fused" in r["scores"] for r in res["results"])
         assert any({"vector", "bm25"} <= set(r["scores"]) for r in res["results"])
         assert [r["score"] for r in res["results"]] == sorted(
             (r["score"] for r in res["results"]), reverse=True)
@@ -249,7 +249,7 @@ def test_rerank_path_and_budget(make_daemon, tmp_path, engine_kind):
             time.sleep(0.05)
         res = d.call("search", query="style the task buttons with a CSS snippet", k=5)
         assert res["reranked"] is False and "budget" in res["rerank_reason"]
-        assert res["results"] and "rrf" in res["results"][0]["scores"]
+        assert res["results"] and "fused" in res["results"][0]["scores"]
 
 
 def test_an_input_the_engine_always_refuses_is_recorded_not_retried_forever(tmp_path, monkeypatch,

@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import engine_config, ragctl, small_vault, wait_embedded
 
 
@@ -144,6 +146,20 @@ def test_fusion_while_vectors_are_coming_does_not_bury_the_unembedded():
     assert partial_rrf(full, 60, w, 1.0, []) == rrf(full, 60, w)
 
 
+def test_convex_fusion_counts_an_unembedded_chunk_as_bm25_does():
+    """Convex fusion near full coverage: a chunk BM25 ranks first whose vector is still being
+    made scores on the vector side what it scores on BM25's (scaled), not 0; once embedded it is
+    scored by its cosine."""
+    from ragd.search.hybrid import convex
+    parts = {1: {"bm25": 9.0}, 2: {"bm25": 5.0, "vector": 0.8}, 3: {"bm25": 1.0, "vector": 0.5},
+             4: {"vector": 0.7}}
+    lists = {"bm25": [1, 2, 3], "vector": [2, 4, 3]}
+    fused = convex(lists, parts, 0.6, unembedded=[1])
+    assert fused == pytest.approx({1: 1.0, 2: 0.4 * 0.5 + 0.6, 3: 0.0, 4: 0.6 * (0.2 / 0.3)})
+    assert convex(lists, parts, 0.6)[1] == 0.4  # without the rule: last but one
+    assert convex({"bm25": [1], "vector": [4]}, parts, 0.6) == {1: 0.4, 4: 0.6}  # single hits
+
+
 def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon, tmp_path):
     """Hybrid search's dense feedback, checked against the stored vectors: the second vector
     search's cosines are exactly those of unit(q + 0.5 x mean of the first fusion's 5 best
@@ -155,7 +171,8 @@ def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon,
 
     root = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
-                    extra=engine_config(extra="[search]\ncandidates = 300\nfeedback_chunks = 0\n"))
+                    extra=engine_config(extra="[search]\ncandidates = 300\nfeedback_chunks = 0\n"
+                                              "fusion = \"rrf\"\n"))  # the first fusion's
     query = "I'd like done items to disappear from the list once they are ticked"
     with d:
         wait_embedded(d)
@@ -196,6 +213,45 @@ def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon,
     order = sorted(got, key=lambda c: ranks[c])  # ranked by those cosines (ties aside)
     assert all(want[a] >= want[b] - 1e-3 for a, b in zip(order, order[1:]))
     assert [chunk(r) for r in on["results"]] != [chunk(r) for r in off["results"]]  # it moved
+
+
+def test_convex_fusion_is_the_scaled_scores_mixed(make_daemon, tmp_path):
+    """Hybrid's default fusion, recomputed from a reply that holds every candidate of both
+    rankings: vector_share x the cosine + the rest x the BM25 score, each scaled min-max over
+    its own list; a short query gives the vectors half the odds. fusion = "rrf" (live on
+    reload) gives weight / (60 + rank) summed."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="[search]\ncandidates = 300\n"))
+
+    def scaled(rs, key):
+        xs = {id(r): r["scores"][key] for r in rs if key in r["scores"]}
+        lo, hi = min(xs.values()), max(xs.values())
+        return {i: (x - lo) / (hi - lo) for i, x in xs.items()}
+
+    with d:
+        wait_embedded(d)
+        for query, share in (("I'd like done items to disappear from the list once ticked", 0.6),
+                             ("recurring weekly task", 0.3 / 0.7)):
+            res = d.call("search", query=query, k=300, group="chunk")
+            assert res["fusion"] == "convex" and len(res["results"]) < 300, res.get("reason")
+            assert res["weights"] == {"vector": round(share, 4), "bm25": round(1 - share, 4)}
+            rs = res["results"]
+            vec, bm = scaled(rs, "vector"), scaled(rs, "bm25")
+            assert len(vec) == len(rs) and 0 < len(bm) < len(rs)  # both rankings count
+            want = [share * vec[id(r)] + (1 - share) * bm.get(id(r), 0.0) for r in rs]
+            assert max(abs(r["scores"]["fused"] - w) for r, w in zip(rs, want)) < 1e-4, query
+            assert want == sorted(want, reverse=True)
+        d.config.write_text(d.config.read_text().replace("candidates = 300",
+                                                         "candidates = 300\nfusion = \"rrf\""))
+        assert d.call("reload")["applied"] == ["fusion"]
+        res = d.call("search", query="recurring weekly task", k=300, group="chunk")
+        assert res["fusion"] == "rrf" and res["weights"] == {"vector": 0.5, "bm25": 1.0}
+        for r in res["results"]:
+            sc = r["scores"]
+            want = sum(w / (60 + sc[f"{name}_rank"]) for name, w in res["weights"].items()
+                       if f"{name}_rank" in sc)
+            assert abs(sc["rrf"] - want) < 1e-5 and "fused" not in sc
 
 
 def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path):
