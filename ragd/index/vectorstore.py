@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ragd.engines.models import ResolvedModel, sha256_file
+from ragd.engines.models import REGISTRY, ResolvedModel, recognise, sha256_file
 from ragd.index import store
 from ragd.index.ann import AnnIndex
 from ragd.index.vectors import VectorIndex, from_blob, to_blob
@@ -71,6 +71,8 @@ class Space:
         self.model = model
         self.vectors = vectors
         self.note: str | None = None  # e.g. "the embedding model changed"
+        # the registry model a GGUF given by path was recognised as (models.recognise)
+        self.recognised = None
         self.cv = threading.Condition()
         self.todo: OrderedDict[str, None] = OrderedDict()  # text hashes without a vector
         self.retry: list[tuple[float, str]] = []  # (when, text hash): refused, try again
@@ -339,6 +341,12 @@ class VectorStore:
                                "('active_model', ?)", (record,))
         t0 = time.monotonic()
         space = Space(chosen, model, VectorIndex(len(probe), self.dtype, chosen))
+        if model.name not in REGISTRY and (spec := recognise(probe)) is not None:
+            space.recognised = spec
+            if activate:
+                log.info("model %s embeds as %s does: its similarity threshold %.2f applies "
+                         "(search.min_similarity overrides it)", model.path.name, spec.name,
+                         spec.min_similarity)
         if activate and previous is not None and int(previous[0]) != chosen:
             space.note = (f"the embedding model changed (vector space {previous[0]} -> "
                           f"{chosen}); old vectors are not used, re-embedding in the background")

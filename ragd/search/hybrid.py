@@ -157,10 +157,18 @@ class Searcher:
         self.buffers = buffers  # unsaved editor buffers (index/buffers.py), an overlay
 
     def threshold(self) -> float:
+        """search.min_similarity when set, else the embedding model's measured one: the
+        registry's, also for a GGUF given by path that the registry model's probe recognised
+        (VectorStore.open)."""
         if self.cfg.min_similarity >= 0:
             return self.cfg.min_similarity
         model = self.engines.embed_model
-        return model.min_similarity if model is not None else 0.0
+        if model is None:
+            return 0.0
+        space = self.vectors.active
+        if not model.min_similarity and space is not None and space.recognised is not None:
+            return space.recognised.min_similarity
+        return model.min_similarity
 
     def run(self, db: sqlite3.Connection, query: str, k: int, mode: str,
             filters: Filters | None, rerank: bool | None,
