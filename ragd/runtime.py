@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -140,10 +141,20 @@ class Runtime:
             log.info("ready in %.3fs; indexing %d source(s) in the background",
                      time.monotonic() - t0, len(cfg.sources))
             self._schedule_gc(first=60.0)
+            # A signal may be taken by any thread; Python runs its handler on the main thread
+            # only once that thread runs bytecode again, and this one sleeps in os.read: a
+            # SIGTERM that landed on the accept thread left the daemon asleep for good (CI, 1
+            # stop right after start in 15). The C-level handler writes the signal's number to
+            # the pipe from whichever thread took it: the read returns, the handler runs here
+            # and writes its b"s" or b"r", which the next read gets.
+            if threading.current_thread() is threading.main_thread():
+                signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
             while True:  # signals and the stop op write to the pipe; nothing polls
                 asked = os.read(self._wake_r, 512)
                 if b"s" in asked:
                     break
+                if b"r" not in asked:  # a signal's number: its handler writes next
+                    continue
                 try:
                     self.reload()
                 except ReloadError as e:
@@ -164,6 +175,8 @@ class Runtime:
             self.engines.stop()
             self.ops.reads.close()
             # (the number first: a late signal must not write to a file that reuses it)
+            if threading.current_thread() is threading.main_thread():
+                signal.set_wakeup_fd(-1)
             w, self._wake_w = self._wake_w, -1
             os.close(w)
             os.close(self._wake_r)

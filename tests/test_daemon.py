@@ -242,3 +242,32 @@ def test_a_storm_of_signals_never_wedges_the_main_thread(make_daemon, tmp_path):
         d.kill()
     log = (tmp_path / "data" / "ragd.log").read_text()
     assert "stopping" in log and "reloaded" in log
+
+
+def test_a_signal_taken_by_any_thread_stops_the_daemon(make_daemon, tmp_path):
+    """The kernel hands a process's signal to any of its threads. Python runs the handler on
+    the main thread only when that thread runs bytecode, and it sleeps in os.read: a SIGTERM
+    taken by another thread left the daemon asleep for good (CI: 1 stop right after start in
+    15). Here SIGHUP, then SIGTERM, go to each thread that is not the main one in turn
+    (tgkill): the reload happens and the stop is prompt."""
+    import ctypes
+
+    tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    d = make_daemon(vaults=(), sources=[])
+    d.start()
+    try:
+        pid = d.proc.pid
+        others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+        assert others  # the daemon's threads (server, indexer, watcher...)
+        log = tmp_path / "data" / "ragd.log"
+        assert tgkill(pid, others[0], signal.SIGHUP) == 0
+        deadline = time.monotonic() + 10
+        while "reloaded" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "reloaded" in log.read_text()
+        for tid in others:  # threads may have ended meanwhile: ESRCH is fine
+            if tgkill(pid, tid, signal.SIGTERM) == 0:
+                break
+        assert d.proc.wait(10) == 0
+    finally:
+        d.kill()
