@@ -259,11 +259,15 @@ class Searcher:
                 info["weights"] = {"vector": share, "bm25": round(1.0 - share, 4)}
                 fused = convex(lists, parts, share, unembedded)
                 key = "fused"
+            elif "vector" not in lists:  # every cosine was below the threshold
+                info["fusion"] = "bm25 only: vectors below the threshold"
+                fused = {c: parts[c]["bm25"] for c in lists.get("bm25", ())}  # as mode bm25
+                key = None
             else:
                 info["fusion"] = "rrf"
                 fused = partial_rrf(lists, self.cfg.rrf_k, weights, coverage, unembedded)
                 key = "rrf"
-            for cid, s in fused.items():
+            for cid, s in fused.items() if key else ():
                 parts[cid][key] = round(s, 6)
             order = sorted(fused, key=lambda c: -fused[c])
             ranked = [Candidate(c, fused[c], parts[c]) for c in order]
