@@ -42,8 +42,10 @@ def test_fdinfo_watch_numbers_are_hex():
 
 def test_watching_a_vault_is_quiet_when_nothing_changes(make_daemon, tmp_path):
     """obsidian-tasks-docs has 31 folders, so watch numbers a-1f: each used to look unwatched
-    and the vault was watched afresh (and rescanned) every few seconds."""
-    d = make_daemon(vaults=("obsidian-tasks-docs",))
+    and the vault was watched afresh (and rescanned) every few seconds. The periodic scan
+    (here every 2 s) that finds nothing logs at debug only: it used to log every 10 minutes."""
+    d = make_daemon(vaults=("obsidian-tasks-docs",),
+                    extra=BM25_ONLY + "\n[watch]\nscan_interval = 2\n")
     with d:
         d.wait_idle()
         log = tmp_path / "data" / "ragd.log"
@@ -53,6 +55,7 @@ def test_watching_a_vault_is_quiet_when_nothing_changes(make_daemon, tmp_path):
             f.seek(at)
             idle_lines = [ln for ln in f.read().decode().splitlines() if " DEBUG " not in ln]
         assert idle_lines == []
+        assert log.read_text().count(" scan obsidian-tasks-docs: ") >= 2  # they did run
         st = d.call("status")
         assert st["sources"][0]["watched"] and st["sources"][0]["watch_error"] is None
 

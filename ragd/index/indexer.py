@@ -436,11 +436,15 @@ class Indexer:
             for rel in changed:
                 self._paths[(name, rel)] = self._paths.get((name, rel), False) or force
         self._resumed()
+        # the first scan and any that found something are news; a periodic one that found
+        # nothing is not (a quiet daemon logs nothing)
+        level = (logging.INFO if state.last_scan is None or changed or gone_rels
+                 or listing.unlisted else logging.DEBUG)
         state.last_scan = time.time()
-        log.info("scan %s: %d files, %d to index, %d removed%s (%.2fs)", name, len(on_disk),
-                 len(changed), len(gone_rels),
-                 f", {len(listing.unlisted)} unlisted kept" if listing.unlisted else "",
-                 time.monotonic() - t0)
+        log.log(level, "scan %s: %d files, %d to index, %d removed%s (%.2fs)", name,
+                len(on_disk), len(changed), len(gone_rels),
+                f", {len(listing.unlisted)} unlisted kept" if listing.unlisted else "",
+                time.monotonic() - t0)
 
     def _note_unlisted(self, src: Source, state: SourceState, listing: sources.Listing) -> None:
         """Folders that could not be listed: their files are kept, the source is flagged, and
