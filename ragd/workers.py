@@ -51,6 +51,9 @@ class Worker:
         self._stopping.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if not self._thread.is_alive():  # stopped by its owner: no longer one of the daemon's
+            with _all_lock:              # threads (a model switch left a list of "stopped")
+                _all.pop(id(self), None)
 
     @property
     def alive(self) -> bool:

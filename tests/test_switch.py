@@ -73,6 +73,20 @@ def test_a_model_switch_never_degrades_search_and_flips_when_complete(make_daemo
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert wait_embedded(d)["engines"]["embedding"]["embedded_texts"] == 0
+        # the second switch's engine keeps its socket once the first one's engine has stopped
+        # (both were "embedding-next": the old one's stop unlinked the new one's socket, and
+        # nothing was embedded until a health check restarted it, 40 s later)
+        deadline = time.monotonic() + 15
+        while alive(e["pid"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        now = d.call("status")["engines"]["embedding"]
+        assert now["role"] != e["role"] and os.path.exists(now["socket"]), (now, e)
+        (root / "fresh.md").write_text("# Fresh\n\nA new note about ocelots in the garden.\n")
+        st = wait_embedded(d, timeout=20)
+        assert st["engines"]["embedding"]["pid"] == now["pid"]  # no restart was needed
+        threads = [t["name"] for t in st["threads"]]
+        assert len(threads) == len(set(threads)), threads  # no "stopped" leftovers
 
 
 def test_a_switch_survives_a_restart_and_a_kill(make_daemon, tmp_path):

@@ -147,9 +147,13 @@ class Engines:
         """A model switch: an engine for the new model, beside the one in use."""
         run_dir, log_dir = self._dirs()
         with self._lock:
+            # its name (socket, log) must differ from the engine in use, which after an earlier
+            # switch is itself "embedding-next": two engines on one socket, the old one's stop
+            # unlinked the new one's, and embedding stalled until a health check restarted it
+            name = ("embedding" if self.embed_engine is not None
+                    and self.embed_engine.role == "embedding-next" else "embedding-next")
             self.next_model = model
-            self.next_engine = Engine("embedding-next", model, self._bulk_settings(), run_dir,
-                                      log_dir)
+            self.next_engine = Engine(name, model, self._bulk_settings(), run_dir, log_dir)
             if not self._stopped.is_set():
                 self.next_engine.start()
         return self.next_engine

@@ -176,7 +176,7 @@ class Engine:
                 "restarts": self.restarts, "model": self.model.name,
                 "model_path": str(self.model.path),
                 "engine": self.settings.llama_server or "bundled (xllamacpp)",
-                "nice": self.settings.nice,
+                "nice": self.settings.nice, "socket": str(self.socket),
                 "log": str(self.log_path)}
 
     def tail_log(self, lines: int = 8) -> str:
