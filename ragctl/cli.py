@@ -282,6 +282,10 @@ def do_reload(args) -> int:
             print(f"  settings applied: {', '.join(r['applied'])}")
         if r.get("rechunk"):
             print("  chunk size changed: every file is re-chunked")
+        if r.get("embedding"):  # e.g. "switching to NAME", or why the model stays
+            more = " ('ragctl status' shows the progress)" if "switching" in r["embedding"] \
+                else ""
+            print(f"  embedding model: {r['embedding']}{more}")
         if r["restart_needed"]:
             print(f"  a restart is needed for: {', '.join(r['restart_needed'])} "
                   f"('ragctl stop && ragctl start')")

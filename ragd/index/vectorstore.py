@@ -343,10 +343,9 @@ class VectorStore:
         space = Space(chosen, model, VectorIndex(len(probe), self.dtype, chosen))
         if model.name not in REGISTRY and (spec := recognise(probe)) is not None:
             space.recognised = spec
-            if activate:
-                log.info("model %s embeds as %s does: its similarity threshold %.2f applies "
-                         "(search.min_similarity overrides it)", model.path.name, spec.name,
-                         spec.min_similarity)
+            log.info("model %s embeds as %s does: its similarity threshold %.2f applies "
+                     "(search.min_similarity overrides it)", model.path.name, spec.name,
+                     spec.min_similarity)
         if activate and previous is not None and int(previous[0]) != chosen:
             space.note = (f"the embedding model changed (vector space {previous[0]} -> "
                           f"{chosen}); old vectors are not used, re-embedding in the background")
