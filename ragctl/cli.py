@@ -398,10 +398,12 @@ def do_search(args) -> int:
         if res.get("degraded"):
             notes.append(f"keywords only: {res.get('reason')}")
         elif res.get("vector_coverage") is not None and res["vector_coverage"] < 1:
-            notes.append(f"vectors cover {100 * res['vector_coverage']:.0f}% of the index so "
-                         f"far: " + ("ranked by keywords (meaning matches added after them) "
-                                     "until 95% are in" if res.get("fusion") else
-                                     "results lean on keywords until embedding is done"))
+            pct = 100 * res["vector_coverage"]
+            shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
+            how = ("ranked by keywords (meaning matches added after them) until 95% are in"
+                   if str(res.get("fusion", "")).startswith("bm25 order")
+                   else "the rest are being embedded")
+            notes.append(f"vectors cover {shown} of the index so far: {how}")
         if res.get("below_threshold"):
             notes.append("no close meaning match: these results match the query's words")
         if res.get("rerank_reason"):
@@ -890,7 +892,7 @@ def parser() -> argparse.ArgumentParser:
                    help="first wait (at most this long) for pending changes to be indexed")
     p.add_argument("--path", metavar="GLOB",
                    help="only files whose path (relative to its source) matches, e.g. "
-                        "'Projects/*'")
+                        "'Projects/*', or a folder: 'Projects'")
     p.add_argument("--tag", metavar="TAG", help="only notes with this tag (a/b matches a)")
     p.add_argument("--since", metavar="DATE", help="only files changed since (YYYY-MM-DD)")
     p.add_argument("--before", metavar="DATE", help="only files changed before (YYYY-MM-DD)")
@@ -909,7 +911,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", action="append", metavar="NAME",
                    help="only notes of this source (repeatable)")
     p.add_argument("--path", metavar="GLOB", help="only files whose path matches, e.g. "
-                                                  "'Projects/*'")
+                                                  "'Projects/*', or a folder: 'Projects'")
     p.add_argument("--tag", metavar="TAG", help="only notes with this tag")
     p.set_defaults(func=do_ask)
     p = sub.add_parser("get", parents=[common],

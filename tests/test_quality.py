@@ -64,6 +64,13 @@ def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
         assert names(path="Projects/*") == ["alpha.md", "beta.md"]
         assert names(since="2000-01-01") == names()  # a filter every file passes
         assert names(path="Nowhere/*") == []
+        assert names(path="Projects") == names(path="Projects/") == ["alpha.md", "beta.md"]
+        assert names(path="Journal/day.md") == ["day.md"]  # a file by its path
+        assert names(path="Proj") == []  # a folder, not a prefix
+        for mode in ("bm25", "hybrid"):  # not "nothing relevant": nothing was let through
+            res = d.call("search", query="meeting", mode=mode, tag="nosuchtag")
+            assert res["results"] == [] and res["filtered_out"] is True
+            assert res["reason"] == "no indexed note passes the filters"
         r = ragctl("--config", d.config, "search", "meeting", "--tag", "journal", "--mode", "bm25")
         assert r.returncode == 0 and "day.md" in r.stdout and "alpha.md" not in r.stdout
         r = ragctl("--config", d.config, "search", "meeting", "--since", "June first")

@@ -6,7 +6,8 @@ chunks gets a full list of candidates, not the few that survive a filter after r
 
 - sources: source names;
 - path: a glob on the path relative to its source root (``*`` and ``?`` as SQLite GLOB: ``*``
-  spans folders too, so ``Projects/*`` is everything under Projects);
+  spans folders too, so ``Projects/*`` is everything under Projects); a path with no wildcard
+  is that file or that folder (``Projects`` is ``Projects`` and ``Projects/*``);
 - tag: an Obsidian tag (``#`` optional); a nested tag ``a/b`` matches the filter ``a``;
 - since / before: the file's modification time (Unix seconds), since inclusive.
 """
@@ -39,7 +40,8 @@ class Filters:
         file as indexed: a buffer passes them only when they are not asked for."""
         if self.sources is not None and source not in self.sources:
             return False
-        if self.path is not None and not fnmatch.fnmatchcase(rel, self.path):
+        if self.path is not None and not any(fnmatch.fnmatchcase(rel, g)
+                                             for g in path_globs(self.path)):
             return False
         return self.tag is None and self.since is None and self.before is None
 
@@ -50,8 +52,9 @@ class Filters:
             conds.append(f"{f}.source IN ({','.join('?' * len(self.sources))})")
             params += list(self.sources)
         if self.path is not None:
-            conds.append(f"{f}.relpath GLOB ?")
-            params.append(self.path)
+            globs = path_globs(self.path)
+            conds.append("(" + " OR ".join(f"{f}.relpath GLOB ?" for _ in globs) + ")")
+            params += globs
         if self.tag is not None:
             tag = self.tag.lstrip("#")
             conds.append(f"EXISTS (SELECT 1 FROM json_each({f}.meta, '$.tags') t WHERE "
@@ -75,6 +78,16 @@ class Filters:
         ids = db.execute(f"SELECT group_concat(id) FROM (SELECT f.id AS id FROM files f "
                          f"WHERE {cond} ORDER BY f.id)", params).fetchone()[0]
         return np.fromstring(ids, dtype=np.int64, sep=",") if ids else np.empty(0, np.int64)
+
+
+def path_globs(path: str) -> list[str]:
+    """The globs a path filter stands for: itself when it has a wildcard; else the file of that
+    name and everything in the folder of that name ('Getting Started' matched nothing: only
+    'Getting Started/*' did)."""
+    if any(c in path for c in "*?["):
+        return [path]
+    path = path.strip("/")
+    return [path, path + "/*"]
 
 
 def _like_prefix(text: str) -> str:

@@ -197,6 +197,10 @@ class Searcher:
         if files is not None and len(files) == db.execute("SELECT COUNT(*) FROM files"
                                                           ).fetchone()[0]:
             files = None
+        if files is not None and len(files) == 0 and not bufs:  # not "nothing relevant"
+            info["reason"] = "no indexed note passes the filters"
+            info["filtered_out"] = True
+            return [], info
         lists: dict[str, list[int]] = {}
         parts: dict[int, dict] = {}
         signed = False  # a chunk holds a symbol of the query (see _bm25_ranking)
