@@ -404,6 +404,9 @@ def do_search(args) -> int:
                    if str(res.get("fusion", "")).startswith("bm25 order")
                    else "the rest are being embedded")
             notes.append(f"vectors cover {shown} of the index so far: {how}")
+        if res.get("waited") and not res["waited"]["fresh"]:
+            notes.append(f"waited {res['waited']['ms'] / 1000:.1f} s: changes are still being "
+                         f"indexed, and may not be in these results yet")
         if res.get("below_threshold"):
             notes.append("no close meaning match: these results match the query's words")
         if res.get("rerank_reason"):

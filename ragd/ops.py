@@ -35,7 +35,7 @@ from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
 from ragd.search import ask, bm25, notes
 from ragd.search.filters import Filters
-from ragd.search.hybrid import MODES, Searcher
+from ragd.search.hybrid import MODES, PARTIAL_FUSION_FROM, Searcher
 from ragd.engines import download, models
 from ragd.server import AfterReply, OpError, Stream
 
@@ -143,6 +143,13 @@ class ReadPool:
         for db in free:
             db.close()
 
+
+
+def _bulk(space) -> bool:
+    """Is a space still short of the vector coverage from which hybrid search fuses (while it
+    is, search ranks by BM25 and vectors do not change which notes a query finds)?"""
+    have, todo = len(space.vectors), space.pending()
+    return bool(todo) and have < PARTIAL_FUSION_FROM * (have + todo)
 
 class Ops:
     def __init__(self, cfg: Config, indexer: Indexer, engines, request_stop: Callable[[], None],
@@ -253,6 +260,11 @@ class Ops:
             if vectors is False or emb is None:
                 return None
             if vectors is None and (emb.space is None or not emb.engine.ready):
+                return None
+            if vectors is None and _bulk(emb.space):
+                # a first embedding under way: hybrid ranks by BM25 until 95% of the vectors
+                # are in (search/hybrid.py), so a change is searchable once it is indexed;
+                # waiting for the whole backlog made every --wait time out
                 return None
             return emb
 

@@ -411,6 +411,13 @@ def test_hybrid_ranks_as_bm25_while_most_vectors_are_missing(make_daemon, tmp_pa
                 assert h["fusion"].startswith("bm25"), h  # (its order, or only it)
                 hp, bp = [r["path"] for r in h["results"]], [r["path"] for r in b["results"]]
                 assert bp and hp[:len(bp)] == bp, q  # BM25's ranking, vector-only finds after
+            # an edit is searchable once indexed: --wait does not wait for the whole backlog
+            # of a first embedding (which BM25's ranking does not need); it timed out
+            (root / "edit.md").write_text("# Edit\n\nThe quokka census is on Friday.\n")
+            t = time.monotonic()
+            r = d.call("search", query="quokka census", mode="hybrid", wait=20)
+            assert r["waited"]["fresh"] is True and time.monotonic() - t < 10, r["waited"]
+            assert r["results"][0]["path"].endswith("edit.md")
         finally:
             os.kill(e["pid"], signal.SIGCONT)
         st = wait_embedded(d)
