@@ -303,6 +303,9 @@ def do_status(args) -> int:
 
     def human(st):
         state = st.get("indexer", "idle" if st["idle"] else "indexing")
+        todo = st.get("engines", {}).get("embedding", {}).get("pending_texts")
+        if state == "idle" and todo:  # the files are indexed; their vectors are coming
+            state = f"embedding ({todo} texts to go)"
         pending = f", {st['pending']} files pending" if st["pending"] else ""
         print(f"ragd {st['version']}  pid {st['pid']}  up {_ago(st['uptime_s'])}  "
               f"{state}{pending}")

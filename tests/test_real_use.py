@@ -418,6 +418,8 @@ def test_hybrid_ranks_as_bm25_while_most_vectors_are_missing(make_daemon, tmp_pa
             r = d.call("search", query="quokka census", mode="hybrid", wait=20)
             assert r["waited"]["fresh"] is True and time.monotonic() - t < 10, r["waited"]
             assert r["results"][0]["path"].endswith("edit.md")
+            head = ragctl("--config", d.config, "status").stdout.splitlines()[0]
+            assert " embedding (" in head and "texts to go)" in head, head  # not "idle"
         finally:
             os.kill(e["pid"], signal.SIGCONT)
         st = wait_embedded(d)
