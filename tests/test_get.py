@@ -100,6 +100,12 @@ def test_paths_outside_the_sources_are_refused(docs, tmp_path):
     assert err(d, path="plain.txt").code == P.BAD_ARGS  # relative
     e = err(d, path=str(root / "binary.md"))
     assert e.code == P.BAD_ARGS and "binary" in e.message
+    # ... and search does not show it either: a link out of a source is not indexed
+    skipped = {f["path"]: f for f in d.call("files", status="skipped", limit=100)["files"]}
+    reason = skipped[str(root / "leak.md")]["reason"]
+    assert "a link to a file outside the source" in reason, reason
+    res = d.call("search", query="password swordfish", mode="bm25")
+    assert not any("swordfish" in r["text"] for r in res["results"])
     # A link that stays inside its source is followed, and the reply names the real file.
     alias = d.call("get", path=str(root / "alias.md"))
     assert alias["path"] == str(root / "plain.txt") and alias["lines_total"] == 5

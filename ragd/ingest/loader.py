@@ -44,6 +44,7 @@ def load(src: Source, rel: str, max_bytes: int) -> Loaded:
     """Read and parse one file. Raises sources.Unreadable (with the reason) when it cannot be
     indexed, or documents.NeedsTool when a helper program is missing."""
     path = src.root / rel
+    sources.check_inside(src, path)
     title = sources.printable(Path(rel).stem)
     suffix = Path(rel).suffix.lower()
     if suffix == ".pdf":

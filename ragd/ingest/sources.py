@@ -161,7 +161,7 @@ def scan(source: Source) -> Listing:
 
     Dot-folders are not entered. Symlinked folders are not followed (no loops); a symlinked file
     is listed with the target's stat, and a broken one with size -1 so it can be recorded as
-    skipped with its reason.
+    skipped with its reason (as is one leading outside the source: check_inside).
     """
     root = str(source.root)
     rules = Rules(source)
@@ -237,6 +237,17 @@ def printable(name: str) -> str:
 
 class Vanished(Unreadable):
     """The file is not there (any more)."""
+
+
+def check_inside(source: Source, path: Path) -> None:
+    """A linked file is indexed when the link stays inside its source; one leading out of it
+    (a note linked to ~/.ssh/config, or /etc/passwd) is skipped with this reason. `get` never
+    serves a file outside the sources, whatever the path says: search showed what get refused."""
+    if path.is_symlink():
+        real = Path(os.path.realpath(path))
+        if source.root not in real.parents:
+            raise Unreadable(f"a link to a file outside the source ({real}): ragd does not "
+                             f"follow links out of its sources")
 
 
 def read_bytes(path: Path, max_bytes: int) -> Content:
