@@ -203,8 +203,12 @@ def check_chunks(doc, chunks, budget):
     for b in doc.blocks:
         if b.kind in ("heading", "comment"):
             continue
+        # every line with something besides HTML comments (a section of nothing but one is
+        # not a chunk: nothing to show or find)
+        shown = markdown.HTML_COMMENT.sub(lambda m: "\n" * m.group().count("\n"),
+                                          "\n".join(lines[b.start:b.end + 1])).split("\n")
         for i in range(b.start, b.end + 1):
-            if lines[i].strip():
+            if shown[i - b.start].strip():
                 assert i + 1 in covered, f"line {i + 1} not in any chunk"
         text = "\n".join(lines[b.start:b.end + 1])
         if b.kind in ("code", "table", "quote") and chunker.est_tokens(text) <= budget:
@@ -270,3 +274,17 @@ def test_golden_chunks_of_real_notes(name):
     from make import NOTES, render
     want = json.loads((Path(__file__).parent / "golden" / f"{name}.json").read_text())
     assert render(NOTES[name]) == want
+
+
+def test_a_section_of_only_an_html_comment_is_no_chunk():
+    """Obsidian does not show <!-- --> comments (the Tasks docs' include markers): a section of
+    nothing but one is not a chunk (it ranked first for its heading's words, showing only the
+    marker). A comment beside text stays in that chunk's words: stripping them from what is
+    embedded and searched was measured on the dev set (vector MRR@10 0.689 -> 0.746, hybrid
+    0.841 -> 0.806) and not kept."""
+    text = ("# Note\n\n## Setting up\n\n<!-- placeholder to force a blank line --><!-- endInclude"
+            " -->\n\n## Details\n\nReal text <!-- hidden zebra --> here.\n")
+    doc = markdown.parse(text, "Note", obsidian=True)
+    chunks = chunker.chunk_doc(doc, 256, 48)
+    assert [c.heading for c in chunks] == ["Note > Details"]
+    assert "Real text" in chunks[0].body and "zebra" in chunks[0].text

@@ -23,7 +23,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from ragd.ingest.markdown import Block, Doc, clean_text
+from ragd.ingest.markdown import HTML_COMMENT, Block, Doc, clean_text
 
 TOKENS_PER_PIECE = 1.25
 _PIECE = re.compile(r"\w+|[^\w\s]")
@@ -161,8 +161,8 @@ def chunk_doc(doc: Doc, budget: int = 256, overlap: int = 48) -> list[Chunk]:
 
     def emit(pieces: list[_Piece]) -> None:
         text = _display(doc, pieces)
-        if not text:
-            return
+        if not text or ("<!--" in text and not HTML_COMMENT.sub("", text).strip()):
+            return  # (a section of nothing but an HTML comment: nothing to show or find)
         start, end = pieces[0].start, pieces[-1].end
         if doc.pages is not None:  # PDFs: pages, not lines
             start, end = doc.pages[start] - 1, doc.pages[end] - 1

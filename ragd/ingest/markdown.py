@@ -21,6 +21,7 @@ MDLINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]*)(?:\s+\"[^\"]*\")?\)")
 TAG = re.compile(r"(?<![\w/&#])#([A-Za-z_][\w\-/]*)")
 COMMENT = re.compile(r"%%.*?%%", re.S)
 BLOCK_ID = re.compile(r"\s\^([A-Za-z0-9\-]+)\s*$")
+HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)  # not shown by Obsidian (chunker.chunk_doc)
 HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9\-]*(?:\s[^<>]*)?/?>")
 CALLOUT = re.compile(r"^([ \t]{0,3}>[ \t]*)\[!([\w\-]+)\][+\-]?[ \t]*", re.M)
 MEDIA = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp", ".bmp", ".pdf", ".mp3", ".mp4",
