@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,14 @@ def test_read_reasons(tmp_path):
         assert str(e.value) == reason
     c = sources.read(tmp_path / "bad.md", 50)
     assert c.text == "ok \ufffd\ufffd ok" and c.warning.startswith("invalid UTF-8 at byte 3")
+    # random bytes with no NUL: not text (they were indexed as 15 chunks of garbage)
+    rnd = bytes(b for b in random.Random(7).randbytes(6000) if b)[:3000]
+    (tmp_path / "noise.md").write_bytes(rnd)
+    with pytest.raises(sources.Unreadable, match=r"^not text: \d+% of it is not valid UTF-8"):
+        sources.read(tmp_path / "noise.md", 10_000)
+    latin1 = "Caf\u00e9 cr\u00e8me, d\u00e9j\u00e0 vu: une note fran\u00e7aise.\n" * 20
+    (tmp_path / "latin1.md").write_bytes(latin1.encode("latin-1"))
+    assert sources.read(tmp_path / "latin1.md", 10_000).warning.startswith("invalid UTF-8")
     assert sources.read(tmp_path / "bom.md", 50).text == "hello"
 
 

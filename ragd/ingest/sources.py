@@ -303,6 +303,11 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
+# A file whose characters are more than this share undecodable is not text (a binary without
+# NUL bytes in its first 8 KiB): skipped with the reason, not indexed as chunks of garbage.
+NOT_TEXT_SHARE = 0.25
+
+
 def read(path: Path, max_bytes: int) -> Content:
     """Read one text file. Raises Unreadable with the reason when it cannot be indexed."""
     content = read_bytes(path, max_bytes)
@@ -314,6 +319,10 @@ def read(path: Path, max_bytes: int) -> Content:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         text = data.decode("utf-8", errors="replace")
+        bad = text.count("\ufffd")
+        if bad > NOT_TEXT_SHARE * len(text):  # random bytes: about half; Latin-1 prose: few %
+            raise Unreadable(f"not text: {100 * bad // len(text)}% of it is not valid UTF-8 "
+                             f"(a binary file?)") from None
         warning = f"invalid UTF-8 at byte {e.start}; undecodable bytes replaced"
     if text.startswith("\ufeff"):
         text = text[1:]
