@@ -133,7 +133,10 @@ def _progress(args, sock, what: str = "indexing") -> None:
                     rate = files / elapsed if elapsed > 0 else 0
                     eta = f", ~{st['pending'] / rate:.0f} s left" if rate else ""
                     line += f", {st['pending']} files to go ({rate:.0f} files/s{eta})"
-                if e:
+                if e and not vectors and e.get("embedder") in ("waiting for engine",
+                                                                "loading vectors"):
+                    line += "; vectors loading"  # (a restart: not "0 vectors")
+                elif e:
                     line += f"; {vectors} vectors"
                 print(f"\r{line[:150]:<150}", end="", flush=True)
                 if st["idle"] and st["pending"] == 0:
