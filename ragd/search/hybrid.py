@@ -123,9 +123,10 @@ def convex(lists: dict[str, list[int]], parts: dict[int, dict], share: float,
     both after dense feedback: dev set MRR@10 0.838 -> 0.841 (hit@3 0.86 -> 0.88, hit@5 0.94 ->
     0.90; 0.838 -> 0.831 once comment-only sections stopped being chunks: one question),
     SciFact train nDCG@10 0.721 -> 0.732, test 0.717 -> 0.725. Share 0.5 was better on SciFact
-    (train 0.737) and worse on the dev set (0.818); 0.7 worse on both (README, Quality). Bruch et al., "An analysis of fusion
-    functions for hybrid retrieval" (TOIS 2023), found the same of convex fusion against RRF on
-    BEIR, in and out of domain, with a share tuned on few queries."""
+    (train 0.737) and worse on the dev set (0.818); 0.7 worse on both (README, Quality).
+    Bruch et al., "An analysis of fusion functions for hybrid retrieval" (TOIS 2023), found the
+    same of convex fusion against RRF on BEIR, in and out of domain, with a share tuned on few
+    queries."""
     fused: dict[int, float] = {}
     for name, w in (("bm25", 1.0 - share), ("vector", share)):
         ids = lists.get(name, [])
