@@ -305,7 +305,9 @@ class Ops:
         """Check the filter arguments of a search-like op. Rows of a source no longer
         configured (being purged) are never answered from."""
         if sources is not None:
-            bad = [s for s in sources if not isinstance(s, str) or self.cfg.source(s) is None]
+            if not all(isinstance(s, str) for s in sources):
+                raise OpError(P.BAD_ARGS, f"{op}: 'sources' must be a list of source names")
+            bad = [s for s in sources if self.cfg.source(s) is None]
             if bad:
                 raise OpError(P.NOT_FOUND, f"{op}: no source named {bad[0]!r}; known: "
                               f"{', '.join(s.name for s in self.cfg.sources) or 'none'}")
@@ -779,17 +781,26 @@ def _under(path: str, root: Path) -> bool:
         return False
 
 
+TIME_LIMIT = 9.2e9  # Unix seconds; x 1e9 stays within SQLite's 64-bit integers
+
+
 def _when(op: str, name: str, value) -> float | None:
     """A time filter: Unix seconds, or an ISO date / date-time (local time)."""
     if value is None:
         return None
     if isinstance(value, str):
         try:
-            return datetime.datetime.fromisoformat(value.strip()).timestamp()
-        except ValueError:
+            t = datetime.datetime.fromisoformat(value.strip()).timestamp()
+        except (ValueError, OverflowError):
             raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be a date (YYYY-MM-DD), a date-time "
                           f"or Unix seconds, got {value!r}") from None
-    return float(value)
+    else:
+        t = float(value)
+    if t != t:
+        raise OpError(P.BAD_ARGS, f"{op}: '{name}' is not a number")
+    # as far as a file's time in nanoseconds reaches (1678-2262): "before 9999-12-31" is "no
+    # upper bound", where it overflowed SQLite's integer (an internal error and a traceback)
+    return max(-TIME_LIMIT, min(TIME_LIMIT, t))
 
 
 def _changed(path, size: int, mtime_ns: int) -> bool:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ragd import protocol as P
+
 from conftest import engine_config, ragctl, small_vault, wait_embedded
 
 
@@ -63,6 +65,11 @@ def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
         assert names(since=t0 + 5 * day, before=t0 + 15 * day) == ["beta.md"]
         assert names(path="Projects/*") == ["alpha.md", "beta.md"]
         assert names(since="2000-01-01") == names()  # a filter every file passes
+        # far bounds are bounds, not an internal error (they overflowed SQLite's integers)
+        assert names(before="9999-12-31") == names(since=-1e12) == names()
+        assert names(since=1e300) == names(since="2300-01-01") == []
+        with pytest.raises(P.DaemonError, match="list of source names"):
+            d.call("search", query="meeting", sources=[["v"]])
         assert names(path="Nowhere/*") == []
         assert names(path="Projects") == names(path="Projects/") == ["alpha.md", "beta.md"]
         assert names(path="Journal/day.md") == ["day.md"]  # a file by its path
