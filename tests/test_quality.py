@@ -311,3 +311,21 @@ def test_a_shown_line_holds_its_match():
     assert _excerpt("short ⛔", terms) == "short ⛔"
     assert _mark("x ⛔ y dependencies", terms, True) == \
         "x \033[1;31m⛔\033[0m y \033[1;31mdependencies\033[0m"
+
+
+def test_a_query_past_the_models_context_is_cut_not_degraded(make_daemon, tmp_path):
+    """An agent pastes a page into search: the query is cut to the model's context (as
+    documents are), not refused by the engine and answered from BM25 as if the engine were
+    down."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        long = "recurring task due date weekly " * 120  # about 600 tokens
+        for mode in ("hybrid", "vector"):
+            res = d.call("search", query=long, mode=mode, k=3)
+            assert res["mode"] == mode and res["degraded"] is False, res.get("reason")
+            cut = res["query_truncated"]
+            assert cut["tokens"] > cut["kept"] and cut["kept"] <= 512 and res["results"]
+        assert "query_truncated" not in d.call("search", query="recurring task", k=1)

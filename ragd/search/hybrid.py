@@ -211,7 +211,7 @@ class Searcher:
             mode = info["mode"] = "bm25"  # dense search is off by configuration: not degraded
         # The query's embedding is asked for first and BM25 runs while the engine works on it:
         # a hybrid search costs max(embedding, BM25), not their sum.
-        embedding = self._embed_query(query, timings) if mode in ("hybrid", "vector") else None
+        embedding = self._embed_query(query, info) if mode in ("hybrid", "vector") else None
         if mode == "hybrid":
             # while vectors are coming hybrid keeps BM25's ranking: the one mode bm25 gives
             space = self.vectors.active
@@ -327,7 +327,7 @@ class Searcher:
             info["reason"] = "nothing relevant: no note holds a content word of the query"
         return False
 
-    def _embed_query(self, query: str, timings: dict):
+    def _embed_query(self, query: str, info: dict):
         """Start embedding the query (on a thread of the pool; the engine call waits on a
         socket, so BM25 runs meanwhile). Returns a future of (space, vector) or of why not."""
         engines = self.engines
@@ -342,11 +342,20 @@ class Searcher:
 
         def embed():
             t = time.perf_counter()
+            text = space.model.query_prefix + query
             try:
-                qv = engine.client.embed([space.model.query_prefix + query], timeout=10.0)[0]
+                # a query past the model's context (an agent pasting a page) is cut to it, as
+                # documents are: the engine refused it, and search said the engine was down
+                limit = space.model.context - 4  # ([CLS]/[SEP] or BOS/EOS)
+                if len(text.encode()) > limit:  # a token is at least a byte: only long texts
+                    tokens = engine.client.tokenize(text)
+                    if len(tokens) > limit:
+                        text = engine.client.detokenize(tokens[:limit])
+                        info["query_truncated"] = {"tokens": len(tokens), "kept": limit}
+                qv = engine.client.embed([text], timeout=10.0)[0]
             except (EngineUnavailable, EngineError) as e:
                 return f"the embedding engine is unavailable: {e}"
-            timings["embed_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+            info["timings"]["embed_ms"] = round((time.perf_counter() - t) * 1e3, 2)
             return space, qv
 
         return self._pool.submit(embed)
