@@ -309,6 +309,12 @@ SEARCH_OUT = _object({
     "degraded": {"type": "boolean", "description": "keywords only, as the embedding engine "
                                                    "is not ready (see reason)"},
     "reason": {**_OPT_STR, "description": "why degraded, or why there are no results"},
+    "confidence": {"type": ["number", "null"],
+                   "description": "0-1: how much of the query's distinctive vocabulary the "
+                                  "best notes hold (null: the query has no content words)"},
+    "low_confidence": {"type": "boolean",
+                       "description": "the notes probably do not answer this: treat the "
+                                      "results as weak"},
     "results": {"type": "array", "items": _HIT},
 }, required=("query", "mode", "degraded", "results"), closed=False)
 
@@ -319,6 +325,9 @@ def run_search(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     hits = [{key: r[key] for key in _HIT["properties"] if key in r} for r in res["results"]]
     out = {"query": res["query"], "mode": res["mode"], "degraded": bool(res.get("degraded")),
            "reason": res.get("reason"), "results": hits}
+    for key in ("confidence", "low_confidence"):  # only what the daemon gave
+        if key in res:
+            out[key] = res[key]
     return out, search_text(out)
 
 
@@ -330,6 +339,9 @@ def search_text(out: dict) -> str:
         why = out["reason"] if out["reason"] and not out["degraded"] else "nothing matched"
         lines.append(f"No results for {out['query']!r} ({why}).")
         return "\n".join(lines)
+    if out.get("low_confidence"):
+        lines.append(f"(low confidence {out.get('confidence')}: the notes probably do not "
+                     f"answer this; few of the query's distinctive words are in them)")
     n = len(out["results"])
     lines.append(f"{n} result{'s' * (n != 1)} for {out['query']!r} ({out['mode']}):")
     for i, h in enumerate(out["results"], 1):
