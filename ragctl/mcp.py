@@ -58,7 +58,8 @@ INTERNAL_ERROR = -32603
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 
 MAX_LINE = P.MAX_FRAME  # a longer message is refused and skipped, never read whole
-MAX_CALLS = 4  # tool calls served at once; the reader waits for a free slot
+MAX_CALLS = 4  # tool calls served at once; more wait for a slot in their own threads
+MAX_PENDING = 64  # tool calls in flight (served or waiting) before new ones are refused
 EOF_GRACE = 10.0  # at end of input, calls in flight get this long to answer
 CALL_TIMEOUT = 30.0  # seconds ragd may take to answer one op (search adds its own wait)
 LIST_TTL_MS = 3_600_000  # tools/list and server/discover never change while we run
@@ -740,14 +741,36 @@ class Server:
             if key in self._inflight:
                 raise RpcError(INVALID_REQUEST, f"id {req_id!r} is already used by a request "
                                                 f"in flight")
-            self._inflight[key] = call
-        self._slots.acquire()
+            busy = len(self._inflight) >= MAX_PENDING
+            if not busy:
+                self._inflight[key] = call
+        if busy:
+            self.send({"jsonrpc": "2.0", "id": req_id, "result": _stamp(_tool_error(
+                f"{name}: {MAX_PENDING} tool calls are already in flight; try again when some "
+                f"have answered"), era)})
+            return
+        # The call waits for a slot in its own thread, never the reader: with every slot taken
+        # (ragd slow or stopped), a ping or a cancellation was read only once a call timed out.
         worker = threading.Thread(target=self._run, args=(req_id, key, call, tool, args, era),
                                   name=f"call-{name}", daemon=True)
         self._workers = [w for w in self._workers if w.is_alive()] + [worker]
         worker.start()
 
     def _run(self, req_id, key, call: Call, tool: Tool, args: dict, era: str) -> None:
+        reply = None
+        try:
+            with self._slots:
+                if not call.cancelled:  # (cancelled while it waited: it never runs)
+                    reply = self._reply(req_id, call, tool, args, era)
+        finally:
+            with self._inflight_lock:
+                self._inflight.pop(key, None)
+        if reply is None or call.cancelled:  # the client no longer waits for it
+            log.debug("no reply to cancelled request %r", req_id)
+            return
+        self.send(reply)
+
+    def _reply(self, req_id, call: Call, tool: Tool, args: dict, era: str) -> dict:
         try:
             try:
                 structured, text = tool.run(self.daemon, call, args)
@@ -755,18 +778,10 @@ class Server:
                           "structuredContent": structured, "isError": False}
             except ToolError as e:
                 result = _tool_error(str(e))
-            reply = {"jsonrpc": "2.0", "id": req_id, "result": _stamp(result, era)}
+            return {"jsonrpc": "2.0", "id": req_id, "result": _stamp(result, era)}
         except Exception as e:  # a bug here: say so, keep serving
             log.exception("tool %s failed", tool.name)
-            reply = _error(req_id, INTERNAL_ERROR, f"Internal error: {type(e).__name__}: {e}")
-        finally:
-            self._slots.release()
-            with self._inflight_lock:
-                self._inflight.pop(key, None)
-        if call.cancelled:  # the client no longer waits for it
-            log.debug("no reply to cancelled request %r", req_id)
-            return
-        self.send(reply)
+            return _error(req_id, INTERNAL_ERROR, f"Internal error: {type(e).__name__}: {e}")
 
     def _drain(self, grace: float) -> None:
         deadline = time.monotonic() + grace

@@ -450,6 +450,34 @@ def test_a_cancelled_call_gets_no_reply(tmp_path):
         silent.close()
 
 
+def test_calls_waiting_on_a_hung_daemon_do_not_block_the_reader(tmp_path):
+    """More tool calls than the server runs at once, all waiting on a daemon that never
+    answers: a ping is still answered at once, and cancellations are read (the reader used to
+    wait for a free slot: the ping came after 30 s, when the calls timed out)."""
+    sock_path = tmp_path / "silent.sock"
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(str(sock_path))
+    silent.listen(16)
+    try:
+        with Mcp("--socket", sock_path, tmp=tmp_path) as m:
+            m.initialize()
+            ids = [f"slow{i}" for i in range(6)]  # MAX_CALLS is 4
+            for i in ids:
+                m.send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                        "params": {"name": "status"}})
+            t0 = time.monotonic()
+            assert m.request("ping", req_id="next")["result"] == {}
+            assert time.monotonic() - t0 < 3
+            for i in ids:
+                m.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": i, "reason": "hung"}})
+            assert m.request("ping", req_id="again")["result"] == {}
+            assert m.close() == 0 and m.rest == []  # no reply to any cancelled call
+            assert m.stderr().count("cancelled: hung") == len(ids)
+    finally:
+        silent.close()
+
+
 def test_hybrid_search_with_the_real_engine(make_daemon, vault, tmp_path):
     d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "obsidian"}],
                     extra=engine_config())
