@@ -314,6 +314,8 @@ def do_status(args) -> int:
               f"{state}{pending}")
         print(f"config {st.get('config') or 'built-in defaults'}")
         print(f"data {st['data_dir']}\nsocket {st['socket']}")
+        if st.get("log"):
+            print(f"log {st['log']}")
         if not st["sources"]:
             print("no sources: add one with 'ragctl sources add PATH'")
         for hint in st.get("hints", []):

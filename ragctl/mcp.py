@@ -493,12 +493,14 @@ RELATED_OUT = _object({
 
 def run_related(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     if ("path" in args) == ("text" in args):
-        raise BadArguments("give either 'path' (a note) or 'text' (a passage), not both")
+        raise BadArguments("give either 'path' (a note) or 'text' (a passage)"
+                           + (", not both" if "path" in args else ""))
     want = {k: args[k] for k in RELATED_ARGS if k in args}
     res = daemon.call(call, "related", **want)
     keys = _RELATED_HIT["properties"]
     hits = [{k: r[k] for k in keys if k in r} for r in res["results"]]
-    out = {"of": res.get("of"), "reason": res.get("reason"), "results": hits}
+    out = {"of": res.get("of") or args.get("path"), "reason": res.get("reason"),
+           "results": hits}
     return out, related_text(out)
 
 

@@ -223,6 +223,7 @@ class Ops:
             "pid": os.getpid(), "version": __version__, "protocol": P.PROTOCOL_VERSION,
             "uptime_s": round(time.time() - self.started, 3),
             "data_dir": str(self.cfg.data_dir), "socket": str(self.cfg.socket),
+            "log": str(self.cfg.log_path),
             "config": str(self.cfg.path) if self.cfg.path else None,
             "pending": pending, "idle": idle, "indexer": self.indexer.state,
             "sources": per_source, "engines": engines, "hints": hints,

@@ -96,6 +96,8 @@ def test_paths_outside_the_sources_are_refused(docs, tmp_path):
         e = err(d, path=str(path))
         assert e.code == P.FORBIDDEN and "excluded" in e.message, (path, e)
     assert err(d, path=str(root / "missing.md")).code == P.NOT_FOUND
+    e = err(d, path=str(root / "plain.txt:abc"))  # a bad range is no file, not "excluded"
+    assert e.code == P.NOT_FOUND and "no file" in e.message
     assert err(d, path=str(root / "How To")).code == P.NOT_FOUND
     assert err(d, path="plain.txt").code == P.BAD_ARGS  # relative
     e = err(d, path=str(root / "binary.md"))

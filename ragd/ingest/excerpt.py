@@ -47,12 +47,12 @@ def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
     source = max(holders, key=lambda s: len(s.root.parts))  # the innermost of nested sources
     if real == source.root or real.is_dir():
         raise Refused(P.NOT_FOUND, f"get: {path} is a folder, not a file")
+    if not real.is_file():  # (before the rules: 'note.md:abc', a bad range, is no file)
+        raise Refused(P.NOT_FOUND, f"get: no file {path}")
     rel = real.relative_to(source.root).as_posix()
     if not sources.Rules(source).wanted(rel):
         raise Refused(P.FORBIDDEN, f"get: {path} is excluded from source {source.name!r} by "
                       f"its rules (dot-folders, include/exclude globs, .ragignore)")
-    if not real.is_file():
-        raise Refused(P.NOT_FOUND, f"get: no file {path}")
     return source, real
 
 
