@@ -206,6 +206,9 @@ def test_ask_without_a_generator_is_unavailable(make_daemon, tmp_path):
         out = ragctl("--config", d.config, "ask", ANSWERED)
         assert out.returncode == 1 and "no generator" in out.stderr
         assert "generator" not in d.call("status")["engines"]
+        with pytest.raises(P.DaemonError) as e:  # a bad request says so first
+            d.call("ask", question=ANSWERED, k=0)
+        assert e.value.code == P.BAD_ARGS and "'k' must be between 1 and 50" in e.value.message
 
 
 def test_notes_are_cut_to_fit_the_context(tmp_path, generator_model, engine_kind):

@@ -142,6 +142,8 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
     cfg, engines = ops.cfg, ops.engines
     if not question.strip():
         raise OpError(P.BAD_ARGS, "ask: empty question")
+    if k is not None and not 1 <= k <= 50:  # a bad request is said first, whatever runs
+        raise OpError(P.BAD_ARGS, f"ask: 'k' must be between 1 and 50, got {k}")
     if "generator" not in engines.configured:
         raise OpError(P.UNAVAILABLE, "ask: no generator (chat model) is configured: set "
                       "[generator] model in the config (e.g. \"smollm2-135m-instruct\") and "
