@@ -142,7 +142,8 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
     cfg, engines = ops.cfg, ops.engines
     if not question.strip():
         raise OpError(P.BAD_ARGS, "ask: empty question")
-    if k is not None and not 1 <= k <= 50:  # a bad request is said first, whatever runs
+    k = cfg.generator_notes if k is None else k
+    if not 1 <= k <= 50:  # a bad request is said first, whatever runs
         raise OpError(P.BAD_ARGS, f"ask: 'k' must be between 1 and 50, got {k}")
     if "generator" not in engines.configured:
         raise OpError(P.UNAVAILABLE, "ask: no generator (chat model) is configured: set "
@@ -160,9 +161,6 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
     if not 1 <= max_tokens <= context - MIN_PROMPT_ROOM:
         raise OpError(P.BAD_ARGS, f"ask: 'max_tokens' must be between 1 and "
                       f"{context - MIN_PROMPT_ROOM} (the generator's context is {context})")
-    k = cfg.generator_notes if k is None else k
-    if not 1 <= k <= 50:
-        raise OpError(P.BAD_ARGS, f"ask: 'k' must be between 1 and 50, got {k}")
 
     found = ops.cmd_search(query=question, k=k, mode=None, sources=sources, rerank=None,
                            wait=0, path=path, tag=tag, group="note")
