@@ -341,7 +341,11 @@ def do_status(args) -> int:
                     if e["eta_s"] < 90 else f", ~{round(e['eta_s'] / 60)} min left"
                 left = ("counting the texts to embed" if todo is None else
                         f"{todo} texts to embed{eta}" if todo else "every chunk embedded")
-                pct = f" ({100 * min(e['vectors'], chunks) / chunks:.0f}%)" if chunks else ""
+                # (the space may hold vectors of texts no chunk uses any more, until GC: never
+                # "100%" while texts are still to embed)
+                share = 100 * min(e["vectors"], chunks) / chunks if chunks else 0.0
+                share = min(share, 99.0) if todo else share
+                pct = f" ({share:.0f}%)" if chunks else ""
                 line += f"  {e['vectors']} vectors{pct}, {left} ({e['embedder']})"
             if role == "generator" and e.get("context"):
                 line += f"  context {e['context']}"
