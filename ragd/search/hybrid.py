@@ -127,17 +127,16 @@ def convex(lists: dict[str, list[int]], parts: dict[int, dict], share: float,
     Bruch et al., "An analysis of fusion functions for hybrid retrieval" (TOIS 2023), found the
     same of convex fusion against RRF on BEIR, in and out of domain, with a share tuned on few
     queries."""
+    scaled = {name: dict(zip(ids, _minmax([parts[c][name] for c in ids])))
+              for name, ids in lists.items() if name in ("bm25", "vector")}
     fused: dict[int, float] = {}
     for name, w in (("bm25", 1.0 - share), ("vector", share)):
-        ids = lists.get(name, [])
-        for cid, x in zip(ids, _minmax([parts[c][name] for c in ids])):
+        for cid, x in scaled.get(name, {}).items():
             fused[cid] = fused.get(cid, 0.0) + w * x
-    if "vector" in lists and unembedded:
-        unembedded = set(unembedded)
-        bm = lists.get("bm25", [])
-        for cid, x in zip(bm, _minmax([parts[c]["bm25"] for c in bm])):
-            if cid in unembedded:
-                fused[cid] += share * x
+    if "vector" in lists:
+        bm = scaled.get("bm25", {})
+        for cid in bm.keys() & set(unembedded):
+            fused[cid] += share * bm[cid]
     return fused
 
 
