@@ -425,57 +425,57 @@ def test_end_of_input_exits_after_answering(daemon, tmp_path):
     assert time.monotonic() - t0 < 30
 
 
-def test_a_cancelled_call_gets_no_reply(tmp_path):
-    """A daemon that accepts and never answers (a bare listening socket: the real one cannot be
-    made to hang on purpose). Cancelling the call hangs up on it; no reply is sent for it."""
+@pytest.fixture
+def silent(tmp_path):
+    """A daemon that accepts and never answers (a bare listening socket: the real one cannot
+    be made to hang on purpose); its socket path."""
     sock_path = tmp_path / "silent.sock"
-    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    silent.bind(str(sock_path))
-    silent.listen(8)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(sock_path))
+    sock.listen(16)
     try:
-        with Mcp("--socket", sock_path, tmp=tmp_path) as m:
-            m.initialize()
-            m.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
-                    "params": {"name": "status"}})
-            m.nothing(0.5)
-            m.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                    "params": {"requestId": "slow", "reason": "took too long"}})
-            assert m.request("ping", req_id="next")["result"] == {}  # not stuck behind it
-            t0 = time.monotonic()
-            assert m.close() == 0
-            assert time.monotonic() - t0 < 5  # nothing left in flight to wait for
-            assert m.rest == []
-            assert "request 'slow' cancelled: took too long" in m.stderr()
+        yield sock_path
     finally:
-        silent.close()
+        sock.close()
 
 
-def test_calls_waiting_on_a_hung_daemon_do_not_block_the_reader(tmp_path):
+def test_a_cancelled_call_gets_no_reply(silent, tmp_path):
+    """Cancelling a call to a daemon that never answers hangs up on it; no reply is sent for
+    it."""
+    with Mcp("--socket", silent, tmp=tmp_path) as m:
+        m.initialize()
+        m.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                "params": {"name": "status"}})
+        m.nothing(0.5)
+        m.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": "slow", "reason": "took too long"}})
+        assert m.request("ping", req_id="next")["result"] == {}  # not stuck behind it
+        t0 = time.monotonic()
+        assert m.close() == 0
+        assert time.monotonic() - t0 < 5  # nothing left in flight to wait for
+        assert m.rest == []
+        assert "request 'slow' cancelled: took too long" in m.stderr()
+
+
+def test_calls_waiting_on_a_hung_daemon_do_not_block_the_reader(silent, tmp_path):
     """More tool calls than the server runs at once, all waiting on a daemon that never
     answers: a ping is still answered at once, and cancellations are read (the reader used to
     wait for a free slot: the ping came after 30 s, when the calls timed out)."""
-    sock_path = tmp_path / "silent.sock"
-    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    silent.bind(str(sock_path))
-    silent.listen(16)
-    try:
-        with Mcp("--socket", sock_path, tmp=tmp_path) as m:
-            m.initialize()
-            ids = [f"slow{i}" for i in range(6)]  # MAX_CALLS is 4
-            for i in ids:
-                m.send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
-                        "params": {"name": "status"}})
-            t0 = time.monotonic()
-            assert m.request("ping", req_id="next")["result"] == {}
-            assert time.monotonic() - t0 < 3
-            for i in ids:
-                m.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                        "params": {"requestId": i, "reason": "hung"}})
-            assert m.request("ping", req_id="again")["result"] == {}
-            assert m.close() == 0 and m.rest == []  # no reply to any cancelled call
-            assert m.stderr().count("cancelled: hung") == len(ids)
-    finally:
-        silent.close()
+    with Mcp("--socket", silent, tmp=tmp_path) as m:
+        m.initialize()
+        ids = [f"slow{i}" for i in range(6)]  # MAX_CALLS is 4
+        for i in ids:
+            m.send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                    "params": {"name": "status"}})
+        t0 = time.monotonic()
+        assert m.request("ping", req_id="next")["result"] == {}
+        assert time.monotonic() - t0 < 3
+        for i in ids:
+            m.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                    "params": {"requestId": i, "reason": "hung"}})
+        assert m.request("ping", req_id="again")["result"] == {}
+        assert m.close() == 0 and m.rest == []  # no reply to any cancelled call
+        assert m.stderr().count("cancelled: hung") == len(ids)
 
 
 def test_hybrid_search_with_the_real_engine(make_daemon, vault, tmp_path):
