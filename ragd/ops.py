@@ -243,10 +243,13 @@ class Ops:
         return [{"name": s.name, "path": str(s.root), "kind": s.kind, "include": list(s.include),
                  "exclude": list(s.exclude)} for s in self.cfg.sources]
 
-    def _wait_fresh(self, timeout: float, vectors: bool | None = None) -> bool:
+    def _wait_fresh(self, timeout: float, vectors: bool | None = None,
+                    fill: bool = False) -> bool:
         """Wait (at most timeout s) until changes already made on disk are searchable: the
         watcher's settling events, the indexer's queue and (vectors: True) the embedder's
         backlog are empty. vectors None: wait for the embedder only while its engine is up.
+        fill: also until a tantivy index being filled is complete (the `wait` op: until
+        nothing is left to do; search meanwhile answers from FTS5, whose order differs).
         Blocks on each part's condition in turn; nothing polls."""
         deadline = time.monotonic() + timeout
         # inotify delivers within milliseconds: give an edit made just before this request
@@ -281,7 +284,7 @@ class Ops:
             if self.backend is not None and self.backend.serving \
                     and not self.backend.wait_synced(left()):
                 return False
-            if self.text is not None and self.text.serving \
+            if self.text is not None and (self.text.serving or fill and not self.text.error) \
                     and not self.text.wait_synced(left()):
                 return False
             if ((self.watcher is None or self.watcher.pending == 0) and self.indexer.idle
@@ -298,7 +301,7 @@ class Ops:
         if vectors and "embedding" not in self.engines.configured:
             vectors = False  # no embedding model: nothing to wait for
         t0 = time.monotonic()
-        done = self._wait_fresh(timeout, vectors=vectors)
+        done = self._wait_fresh(timeout, vectors=vectors, fill=True)
         return {"idle": done, "waited_ms": round((time.monotonic() - t0) * 1e3, 1)}
 
     def filters(self, op: str, sources: list | None, path: str | None = None,

@@ -271,3 +271,22 @@ def test_a_signal_taken_by_any_thread_stops_the_daemon(make_daemon, tmp_path):
         assert d.proc.wait(10) == 0
     finally:
         d.kill()
+
+
+def test_the_wait_op_waits_for_a_fresh_text_index_to_fill(make_daemon, tmp_path):
+    """`wait` (what ragctl and the tests use to know the index has nothing left to do) also
+    waits for a tantivy index being filled: FTS5 answers meanwhile, in another order (CI: an
+    editor test compared a search made then with one made after, and failed)."""
+    import sqlite3
+    d = make_daemon(vaults=("obsidian-tasks-docs",))
+    with d:
+        d.wait_idle()
+    # as after an upgrade to another index format: nothing to index, the whole index to refill
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    with db:
+        db.execute("UPDATE meta SET value = 'an older format' WHERE key = 'text_index'")
+    db.close()
+    with d:
+        d.wait_idle()
+        res = d.call("search", query="custom statuses", k=5, mode="bm25")
+        assert res["bm25_index"] == "tantivy", res["bm25_index"]
