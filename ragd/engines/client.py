@@ -116,6 +116,17 @@ class EngineClient:
     def detokenize(self, tokens: list[int]) -> str:
         return self.request("POST", "/detokenize", {"tokens": tokens})["content"]
 
+    def fit(self, text: str, limit: int, count: bool = False) -> tuple[str, int | None]:
+        """The text cut to at most `limit` of this model's tokens, and its own token count.
+        Without `count`, a text of at most `limit` UTF-8 bytes is returned as it is, uncounted
+        (None): a token is at least a byte, so only long texts are sent to the engine."""
+        if not count and len(text.encode()) <= limit:
+            return text, None
+        tokens = self.tokenize(text)
+        if len(tokens) <= limit:
+            return text, len(tokens)
+        return self.detokenize(tokens[:limit]), len(tokens)
+
     def embed(self, texts: list[str], timeout: float | None = None) -> np.ndarray:
         """L2-normalised float32 vectors, one row per text, in order."""
         out = self.request("POST", "/v1/embeddings", {"input": texts}, timeout=timeout)

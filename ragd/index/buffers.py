@@ -336,12 +336,7 @@ class BufferStore:
                 continue
             limit = (engines.embed_model.context if engines.embed_model else 512) - 4
             try:
-                texts = []
-                for _, t in batch:
-                    toks = engine.client.tokenize(t)
-                    texts.append(t if len(toks) <= limit else
-                                 engine.client.detokenize(toks[:limit]))
-                vecs = engine.client.embed(texts)
+                vecs = engine.client.embed([engine.client.fit(t, limit)[0] for _, t in batch])
             except (EngineUnavailable, EngineError) as e:
                 log.debug("embedding buffer texts: %s", e)
                 self._stop.wait(0.5)

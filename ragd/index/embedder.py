@@ -229,10 +229,8 @@ class Embedder:
         limit = self.model.context - SPECIAL_TOKENS
         if self._stop.is_set():
             raise EngineUnavailable("stopping")
-        tokens = self.engine.client.tokenize(text)
-        if len(tokens) <= limit:
-            return text, len(tokens), False
-        return self.engine.client.detokenize(tokens[:limit]), limit, True
+        text, n = self.engine.client.fit(text, limit, count=True)
+        return text, min(n, limit), n > limit
 
     def _embed(self, db: sqlite3.Connection, hashes: list[str]) -> None:
         """Embed these texts (the queue's hashes): those whose chunks are gone are dropped,

@@ -346,11 +346,9 @@ class Searcher:
                 # a query past the model's context (an agent pasting a page) is cut to it, as
                 # documents are: the engine refused it, and search said the engine was down
                 limit = space.model.context - 4  # ([CLS]/[SEP] or BOS/EOS)
-                if len(text.encode()) > limit:  # a token is at least a byte: only long texts
-                    tokens = engine.client.tokenize(text)
-                    if len(tokens) > limit:
-                        text = engine.client.detokenize(tokens[:limit])
-                        info["query_truncated"] = {"tokens": len(tokens), "kept": limit}
+                text, n = engine.client.fit(text, limit)
+                if n is not None and n > limit:
+                    info["query_truncated"] = {"tokens": n, "kept": limit}
                 qv = engine.client.embed([text], timeout=10.0)[0]
             except (EngineUnavailable, EngineError) as e:
                 return f"the embedding engine is unavailable: {e}"
@@ -508,14 +506,7 @@ class Searcher:
         deadline = time.monotonic() + budget
         try:
             limit = max(16, engines.rerank_model.context - len(eng.client.tokenize(query)) - 8)
-            docs = []
-            for cid in ids:
-                text = texts.get(cid, "")
-                if len(text.encode()) > limit:  # tokens <= bytes: only long texts need counting
-                    toks = eng.client.tokenize(text)
-                    if len(toks) > limit:
-                        text = eng.client.detokenize(toks[:limit])
-                docs.append(text)
+            docs = [eng.client.fit(texts.get(cid, ""), limit)[0] for cid in ids]
             left = deadline - time.monotonic()
             if left <= 0:
                 raise EngineUnavailable("over the time budget while preparing")
