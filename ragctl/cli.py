@@ -521,8 +521,14 @@ def _explain(scores: dict, weights: dict | None) -> str:
         elif weights and name in weights:
             out.append(f"{name}: not in its top candidates")
     for name, label in (("fused", "fused (convex: the scores scaled over their lists)"),
-                        ("rrf", "fused (RRF)"),
-                        ("note", "note score (best chunk, length-damped)"),
+                        ("rrf", "fused (RRF)")):
+        if name in scores:
+            out.append(f"{label} {scores[name]}")
+    if "note_bm25_rank" in scores:
+        out.append(f"whole note bm25 rank {scores['note_bm25_rank']} (score "
+                   f"{scores['note_bm25']}, adds {scores['note_bm25_added']})")
+    for name, label in (("note", "note score (best chunk, length-damped"
+                         + (", + whole note)" if "note_bm25_rank" in scores else ")")),
                         ("rerank", "reranker")):
         if name in scores:
             out.append(f"{label} {scores[name]}")

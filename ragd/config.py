@@ -43,6 +43,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "rrf_k": (int, 60),
         "fusion": (str, "convex"),
         "vector_share": (float, 0.6),
+        "note_weight": (float, 0.25),
         "feedback_chunks": (int, 5),
         "feedback_weight": (float, 0.5),
         "min_similarity": (float, -1.0),
@@ -146,6 +147,7 @@ class Config:
     rrf_k: int = 60
     fusion: str = "convex"
     vector_share: float = 0.6
+    note_weight: float = 0.25
     feedback_chunks: int = 5
     feedback_weight: float = 0.5
     min_similarity: float = -1.0
@@ -305,6 +307,9 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
     if not 0.0 <= values["search"]["vector_share"] <= 1.0:
         raise ConfigError(f"{where}: search.vector_share must be between 0 and 1, "
                           f"got {values['search']['vector_share']}")
+    if not 0.0 <= values["search"]["note_weight"] <= 10.0:
+        raise ConfigError(f"{where}: search.note_weight must be between 0 and 10, "
+                          f"got {values['search']['note_weight']}")
     data_dir, sock = protocol.resolve_paths(d, env)
     if len(os.fsencode(sock)) > 100:
         raise ConfigError(f"{where}: daemon.socket: path {sock} is too long for a Unix socket "
@@ -345,6 +350,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   max_file_bytes=values["index"]["max_file_bytes"],
                   search_k=se["k"], search_candidates=se["candidates"], search_mode=se["mode"],
                   rrf_k=se["rrf_k"], fusion=se["fusion"], vector_share=se["vector_share"],
+                  note_weight=se["note_weight"],
                   feedback_chunks=se["feedback_chunks"],
                   feedback_weight=se["feedback_weight"], min_similarity=se["min_similarity"],
                   rerank=se["rerank"],

@@ -349,13 +349,15 @@ class Ops:
             ranked, info = self.searcher.run(db, query, k, mode, filters, rerank, group,
                                              text_view)
             t = time.perf_counter()
-            grouped = notes.group(db, ranked, info.get("reranked", False), self.buffers)
+            evidence = info.pop("note_evidence", None)
+            grouped = notes.group(db, ranked, info.get("reranked", False), self.buffers,
+                                  evidence)
             conf = notes.confidence(
                 db, query, grouped, self.buffers,
                 (self.text, text_view[0]) if text_view and text_view[0] else None
             ) if grouped else None
             if group == "note":
-                results = self._note_results(db, grouped, k)
+                results = self._note_results(db, grouped, k, evidence)
             else:
                 results = self._results(db, [(c.chunk_id, c.score, c.parts) for c in ranked], k)
         for r in results:
@@ -374,7 +376,8 @@ class Ops:
             reply["waited"] = {"fresh": fresh, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
         return reply
 
-    def _note_results(self, db: sqlite3.Connection, grouped: list, k: int) -> list:
+    def _note_results(self, db: sqlite3.Connection, grouped: list, k: int,
+                      evidence: dict | None = None) -> list:
         """Note-level results: each note's best chunk, its score, and its other matching
         chunks (line ranges) — "+N more in this note"."""
         top = grouped[:k + 10]  # spares, in case some were deleted meanwhile
@@ -398,6 +401,10 @@ class Ops:
             n = by_chunk[r.pop("chunk_id")]
             r["title"] = titles.get(n.file_id) or Path(r["path"]).stem
             r["scores"] = {**r["scores"], "note": round(n.score, 6)}
+            if evidence and n.file_id in evidence:
+                added, score, rank = evidence[n.file_id]
+                r["scores"].update(note_bm25=score, note_bm25_rank=rank,
+                                   note_bm25_added=round(added, 6))
             r["more"] = len(n.chunks) - 1
             r["chunks"] = [{"line_start": r["line_start"], "line_end": r["line_end"],
                             "heading": r["heading"], "score": round(n.best.score, 6)}] + [

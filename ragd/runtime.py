@@ -30,6 +30,7 @@ log = logging.getLogger("ragd")
 # Config fields a reload applies at once. Sources are handled apart; everything else needs a
 # restart (RESTART), and a reload says so.
 LIVE = ("search_k", "search_candidates", "search_mode", "rrf_k", "fusion", "vector_share",
+        "note_weight",
         "feedback_chunks", "feedback_weight", "min_similarity", "rerank", "rerank_top",
         "rerank_budget_ms", "hub_url", "max_buffers_per_client", "gc_grace_hours",
         "gc_interval_hours", "watch_quiet_ms", "scan_interval", "unwatched_scan_interval",

@@ -4,7 +4,9 @@ through the real daemon and the real socket."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import sqlite3
 import time
 from pathlib import Path
 
@@ -329,3 +331,100 @@ def test_a_query_past_the_models_context_is_cut_not_degraded(make_daemon, tmp_pa
             cut = res["query_truncated"]
             assert cut["tokens"] > cut["kept"] and cut["kept"] <= 512 and res["results"]
         assert "query_truncated" not in d.call("search", query="recurring task", k=1)
+
+
+def test_a_note_scores_its_whole_text_too(make_daemon, tmp_path):
+    """A note's score is its best chunk's (length-damped) plus its whole text's BM25, scaled
+    0..1 over the notes and weighted (search.note_weight, live on reload): a note whose
+    sections each hold one word of the question passes a note holding one of them twice. The
+    whole-note rows follow edits, renames and deletes."""
+    root = small_vault(tmp_path / "vault")
+    filler = "Some plain words about the weather and the garden, written down for later."
+    (root / "spread.md").write_text(
+        f"# Spread\n\n## One\n\nA zephyr came. {filler}\n\n## Two\n\nA quasar shone. {filler}\n"
+        f"\n## Three\n\nA fjord froze. {filler}\n")
+    (root / "dense.md").write_text(f"# Dense\n\nA zephyr and a zephyr again. {filler}\n")
+    (root / "third.md").write_text(f"# Third\n\n{filler}\n\n## Later\n\nOne zephyr. {filler}\n")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
+                    extra="[embedding]\nmodel = \"\"\n[search]\nnote_weight = 0\n")
+    query = "zephyr quasar fjord"
+
+    def search():
+        res = d.call("search", query=query, mode="bm25", k=20)
+        return res, [Path(r["path"]).name for r in res["results"]]
+
+    with d:
+        d.wait_idle()
+        res, names = search()
+        assert names[0] == "dense.md" and "note_bm25" not in res["results"][0]["scores"]
+        d.config.write_text(d.config.read_text().replace("note_weight = 0", ""))
+        assert d.call("reload")["applied"] == ["note_weight"]
+        res, names = search()
+        assert names[:3] == ["spread.md", "dense.md", "third.md"], res["results"]
+        rs = res["results"]
+        top = max(r["scores"]["bm25"] for r in rs)  # BM25's scale: its best chunk
+        lo, hi = min(r["scores"]["note_bm25"] for r in rs), max(r["scores"]["note_bm25"]
+                                                              for r in rs)
+        chunks = {f["path"]: f["chunks"] for f in d.call("files", limit=1000)["files"]}
+        for r in rs:  # best chunk / length damping + weight x top x scaled whole-note score
+            sc = r["scores"]
+            added = 0.25 * top * (sc["note_bm25"] - lo) / (hi - lo)
+            assert abs(sc["note_bm25_added"] - added) < 1e-4
+            damping = 1 + 0.03 * math.log(chunks[r["path"]])
+            assert abs(sc["note"] - (sc["bm25"] / damping + added)) < 1e-4
+        spread = rs[0]["scores"]
+        assert spread["note_bm25_rank"] == 1 and spread["note"] > rs[1]["scores"]["note"]
+        assert spread["note_bm25_added"] > 0 and rs[-1]["scores"]["note_bm25_added"] == 0
+        why = ragctl("--config", d.config, "search", "--explain", "--mode", "bm25", query)
+        assert "whole note bm25 rank 1" in why.stdout, why.stdout
+
+        # the rows follow the notes: an edit, a rename and a delete
+        (root / "spread.md").write_text(f"# Spread\n\n## One\n\nA zephyr came. {filler}\n")
+        (root / "dense.md").rename(root / "moved.md")
+        (root / "third.md").unlink()
+        d.wait_idle()
+        res, names = search()
+        assert sorted(names) == ["moved.md", "spread.md"]
+        db = sqlite3.connect(f"file:{tmp_path / 'data' / 'index.sqlite3'}?mode=ro", uri=True)
+        try:
+            rows = dict(db.execute("SELECT rowid, body FROM notes_fts"))
+            want: dict[int, list[str]] = {}
+            for fid, body in db.execute("SELECT file_id, body FROM chunks ORDER BY file_id, "
+                                        "ordinal"):
+                want.setdefault(fid, []).append(body)
+            assert rows == {fid: "\n".join(b) for fid, b in want.items()}
+            assert db.execute("SELECT COUNT(*) FROM notes_dirty").fetchone()[0] == 0
+            assert [r[0] for r in db.execute(
+                "SELECT rowid FROM notes_fts WHERE notes_fts MATCH 'quasar OR fjord'")] == []
+        finally:
+            db.close()
+
+
+def test_an_index_from_before_whole_notes_gets_them_at_start(make_daemon, tmp_path):
+    """Schema 5 -> 6 (store.m006): the first start after the upgrade builds the notes' rows from
+    the chunks already indexed, and search uses them at once."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}])
+    with d:
+        d.wait_idle()
+    path = tmp_path / "data" / "index.sqlite3"
+    db = sqlite3.connect(path)
+    with db:
+        for trigger in ("notes_chunks_ai", "notes_chunks_ad", "notes_chunks_au"):
+            db.execute(f"DROP TRIGGER {trigger}")
+        db.execute("DROP TABLE notes_fts")
+        db.execute("DROP TABLE notes_dirty")
+    db.execute("PRAGMA user_version = 5")
+    db.close()
+    with d:
+        d.wait_idle()
+        res = d.call("search", query="recurrence rule", mode="bm25")
+        assert res["results"] and all("note_bm25" in r["scores"] for r in res["results"][:3])
+    assert "note index built" in (tmp_path / "data" / "ragd.log").read_text()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert db.execute("SELECT COUNT(*) FROM notes_fts").fetchone()[0] == db.execute(
+            "SELECT COUNT(DISTINCT file_id) FROM chunks").fetchone()[0] > 10
+    finally:
+        db.close()

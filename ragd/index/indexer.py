@@ -695,6 +695,7 @@ class Indexer:
                                     **fields)
 
     def _commit(self, changes: store.Changes | None) -> None:
+        store.refresh_notes(self._db)  # the notes' own rows, in the same transaction
         if changes is None or self.listener is None:
             self._db.execute("COMMIT")
         else:

@@ -235,6 +235,39 @@ def m005_file_chunk_counts(db: sqlite3.Connection) -> None:
     """)
 
 
+@migration
+def m006_notes_fts(db: sqlite3.Connection) -> None:
+    """Each note as one document beside its chunks (notes_fts, rowid = file id: its title,
+    aliases and tags, headings and whole body), for search/notes.py's note-level BM25. Triggers
+    on chunks mark a file whose chunks changed (notes_dirty); whoever writes chunks rebuilds
+    those notes' rows before committing (refresh_notes), so a snapshot's notes_fts is always its
+    chunks'."""
+    run_script(db, """
+        CREATE VIRTUAL TABLE notes_fts USING fts5 (
+            title, keywords, headings, body,
+            tokenize = 'porter unicode61 remove_diacritics 2'
+        );
+        CREATE TABLE notes_dirty (file_id INTEGER PRIMARY KEY);
+        CREATE TRIGGER notes_chunks_ai AFTER INSERT ON chunks BEGIN
+            INSERT OR IGNORE INTO notes_dirty (file_id) VALUES (new.file_id);
+        END;
+        CREATE TRIGGER notes_chunks_ad AFTER DELETE ON chunks BEGIN
+            INSERT OR IGNORE INTO notes_dirty (file_id) VALUES (old.file_id);
+        END;
+        CREATE TRIGGER notes_chunks_au AFTER UPDATE OF file_id, heading, keywords, body
+        ON chunks BEGIN
+            INSERT OR IGNORE INTO notes_dirty (file_id) VALUES (old.file_id);
+            INSERT OR IGNORE INTO notes_dirty (file_id) VALUES (new.file_id);
+        END;
+        INSERT INTO notes_dirty (file_id) SELECT DISTINCT file_id FROM chunks;
+    """)
+    n = db.execute("SELECT COUNT(*) FROM notes_dirty").fetchone()[0]
+    if n:
+        t0 = time.monotonic()
+        refresh_notes(db)
+        log.info("note index built: %d notes (%.1fs)", n, time.monotonic() - t0)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -477,6 +510,36 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
             changes.added += [(r[0], r[1], file_id) for r in db.execute(
                 "SELECT id, embed_hash FROM chunks WHERE file_id = ?", (file_id,))]
     return file_id
+
+
+NOTES_BATCH = 500  # notes rebuilt per statement by refresh_notes
+
+
+def refresh_notes(db: sqlite3.Connection) -> int:
+    """Rebuild the notes_fts rows of the files whose chunks changed in this transaction (marked
+    in notes_dirty by triggers); returns how many. Call inside the writer's transaction, before
+    its COMMIT. A note's row is its chunks in order: the title (the first part of the heading
+    path), aliases and tags, each heading once, and the bodies."""
+    dirty = [r[0] for r in db.execute("SELECT file_id FROM notes_dirty")]
+    for i in range(0, len(dirty), NOTES_BATCH):
+        part = dirty[i:i + NOTES_BATCH]
+        marks = ",".join("?" * len(part))
+        db.execute(f"DELETE FROM notes_fts WHERE rowid IN ({marks})", part)
+        notes: dict[int, tuple[str, str, list[str], list[str]]] = {}
+        for fid, heading, keywords, body in db.execute(
+                f"SELECT file_id, heading, keywords, body FROM chunks WHERE file_id IN ({marks}) "
+                "ORDER BY file_id, ordinal", part):
+            path = heading.split(" > ")
+            note = notes.setdefault(fid, (path[0], keywords, [], []))
+            note[2].extend(h for h in path[1:] if h not in note[2])
+            note[3].append(body)
+        db.executemany("INSERT INTO notes_fts (rowid, title, keywords, headings, body) "
+                       "VALUES (?, ?, ?, ?, ?)",
+                       [(fid, t, k, "\n".join(h), "\n".join(b))
+                        for fid, (t, k, h, b) in notes.items()])
+    if dirty:
+        db.execute("DELETE FROM notes_dirty")
+    return len(dirty)
 
 
 def touch_file(db: sqlite3.Connection, file_id: int, size: int, mtime_ns: int) -> None:

@@ -326,10 +326,12 @@ class TextIndex(outbox.OutboxSync):
         return bool(searcher.search(q, 1, count=False).hits)
 
     def search(self, searcher, db: sqlite3.Connection, query: str, n: int,
-               share: float = bm25.COMMON_SHARE, files=None) -> list[tuple[int, float]]:
+               share: float = bm25.COMMON_SHARE, files=None,
+               dfs: dict | None = None) -> list[tuple[int, float]]:
         """The top n chunks by BM25 (higher is better) for a free-text query, read from a
         searcher `view` gave; its words dropped as bm25.prune_common drops them (found in over
-        `share` of the chunks); `files`: only chunks of these file ids."""
+        `share` of the chunks); `files`: only chunks of these file ids. `dfs`, when given, gets
+        each query part's chunk count (as bm25.doc_freqs gives it)."""
         import tantivy
         schema = self.schema
         parts = bm25.query_parts(query)
@@ -339,16 +341,18 @@ class TextIndex(outbox.OutboxSync):
         words = bm25.index_tokens(db, [p.strip('"') for p in parts]) + signs
         total = max(searcher.num_docs, 1)
         clauses, kept = [], []
-        for toks in words:
+        for part, toks in zip(parts + signs, words):
             toks = toks.split()
             if not toks:
                 continue
+            df = min(searcher.doc_freq("text", t) for t in toks)
+            if dfs is not None:
+                dfs[part] = df
+            common = df > total * share
             if len(toks) == 1:
                 q = tantivy.Query.term_query(schema, "text", toks[0])
-                common = searcher.doc_freq("text", toks[0]) > total * share
             else:
                 q = tantivy.Query.phrase_query(schema, "text", toks)
-                common = min(searcher.doc_freq("text", t) for t in toks) > total * share
             clauses.append(q)
             if not common:
                 kept.append(q)

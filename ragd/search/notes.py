@@ -6,7 +6,7 @@ crowding out the other notes. Long notes (a changelog, an index page) match some
 almost any question; their score is damped by the log of their chunk count (LENGTH_DAMPING,
 tuned on the dev set and SciFact train together: 0.02-0.03 lifts both — dev MRR@10 +0.02,
 SciFact nDCG@10 +0.006 — while 0.05 already costs SciFact, and 0.1 the dev set's deep
-sections).
+sections). Its whole text adds its own BM25 score as one document (hybrid.note_evidence).
 
 Confidence: the share of the query's distinctive vocabulary (its content words, weighted by
 IDF) that the best notes contain. A question the notes answer shares its rare words with the
@@ -39,10 +39,11 @@ class Note:
 
 
 def group(db: sqlite3.Connection, ranked: list, reranked: bool = False,
-          overlay=None) -> list[Note]:
+          overlay=None, evidence: dict | None = None) -> list[Note]:
     """Group ranked chunk Candidates by note; a note scores its best chunk's score, damped by
-    its length. Reranked: the reranker's order stands (its scores are on another scale than
-    the fused ones after them), notes in the order of their first chunk."""
+    its length, plus what its whole text adds (`evidence`: hybrid.note_evidence). Reranked:
+    the reranker's order stands (its scores are on another scale than the fused ones after
+    them), notes in the order of their first chunk."""
     if not ranked:
         return []
     ids = [c.chunk_id for c in ranked if c.chunk_id > 0]
@@ -64,7 +65,8 @@ def group(db: sqlite3.Connection, ranked: list, reranked: bool = False,
         note = notes.get(fid)
         if note is None:
             damping = 1.0 if reranked else 1 + LENGTH_DAMPING * math.log(max(n, 1))
-            note = notes[fid] = Note(fid, c.score / damping)
+            extra = evidence[fid][0] if evidence and fid in evidence and not reranked else 0.0
+            note = notes[fid] = Note(fid, c.score / damping + extra)
         note.chunks.append(c)
     if reranked:
         return list(notes.values())
