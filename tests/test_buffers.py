@@ -113,3 +113,35 @@ def test_a_buffer_embeds_only_its_new_texts_and_related_notes(make_daemon, tmp_p
         with pytest.raises(P.DaemonError) as e:
             d.call("related", k=3)
         assert e.value.code == "bad_args"
+
+
+def test_a_buffer_is_scored_as_a_whole_note_as_its_file_would_be(make_daemon, tmp_path):
+    """The whole-note BM25 (search.note_weight) of an unsaved buffer is computed as FTS5
+    computes a note's: a buffer holding the same text as an indexed note (under a title of as
+    many words) gets the same score, and the note it stands in for is not scored twice."""
+    root = small_vault(tmp_path / "n")
+    text = ("\n\n## Orchard\n\nThe quince tree and the medlar need pruning in winter.\n\n"
+            "## Cellar\n\nStore the quince jelly beside the medlar wine.\n")
+    (root / "alpha.md").write_text("# alpha" + text)
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    query = "quince medlar pruning jelly"
+    with d:
+        d.wait_idle()
+        res = d.call("search", query=query, mode="bm25")
+        (top,) = [r for r in res["results"] if r["path"].endswith("alpha.md")]
+        with d.client() as editor:
+            editor.call("buffer_set", path=str(root / "gamma.md"), text="# gamma" + text)
+            res = d.call("search", query=query, mode="bm25")
+            by = {r["path"].rsplit("/", 1)[1]: r["scores"] for r in res["results"]}
+            assert by["gamma.md"]["note_bm25"] == pytest.approx(top["scores"]["note_bm25"],
+                                                                rel=1e-4)
+            assert by["gamma.md"]["note_bm25_rank"] in (1, 2)
+            # a buffer of alpha itself, with a word more: scored as a buffer, once
+            editor.call("buffer_set", path=str(root / "alpha.md"),
+                        text="# alpha" + text + "\nAnd a quince.\n")
+            res = d.call("search", query=query, mode="bm25")
+            alpha = [r for r in res["results"] if r["path"].endswith("alpha.md")]
+            assert len(alpha) == 1 and alpha[0]["unsaved"] is True
+            assert alpha[0]["scores"]["note_bm25"] > top["scores"]["note_bm25"]
+            assert sorted(r["scores"]["note_bm25_rank"] for r in res["results"]
+                          if "note_bm25_rank" in r["scores"])[:2] == [1, 2]

@@ -41,6 +41,7 @@ log = logging.getLogger("ragd.buffers")
 
 K1, B = 1.2, 0.75
 WEIGHTS = (bm25.HEADING_WEIGHT, bm25.KEYWORDS_WEIGHT, bm25.TEXT_WEIGHT)
+NOTE_WEIGHTS = tuple(float(w) for w in bm25.NOTE_WEIGHTS.split(","))
 CACHE = 4096  # buffer-embedded vectors kept (by text hash), across buffers
 
 
@@ -76,6 +77,8 @@ class Buffer:
     chunks: list[BufChunk]
     disk: tuple[int, int]  # the file's (size, mtime_ns) when last compared
     set_at: float
+    note_tf: dict[str, float] = field(default_factory=dict)  # its whole text, as notes_fts's
+    note_length: int = 0
 
 
 class BufferStore:
@@ -90,6 +93,7 @@ class BufferStore:
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # embed_hash -> vector
         self._todo: OrderedDict[str, str] = OrderedDict()  # embed_hash -> text to embed
         self._stats: tuple[float, int, float] | None = None  # (when, rows, avgdl)
+        self._note_stats: tuple[float, int, float] | None = None  # the same, of notes_fts
         self._stop = threading.Event()
         self.worker = Worker("buffers", self._run)
 
@@ -128,11 +132,13 @@ class BufferStore:
         with self.reads.conn() as db:
             row = store.file_row(db, src.name, rel)
             chunks = [self._bufchunk(db, r) for r in records]
+            note_tf, note_length = _weighted(db, store.note_row(
+                [(r.heading, r.keywords, r.body) for r in records]), NOTE_WEIGHTS)
             cached = self._cached(db, {c.record.embed_hash for c in chunks})
         text_hash = sources.content_hash(text.encode("utf-8", "surrogatepass"))
         buf = Buffer(session, src.name, rel, abspath, text, version, text_hash,
                      row["id"] if row is not None else None, -next(self._ids), doc.title,
-                     chunks, sources.stat_of(abspath), time.time())
+                     chunks, sources.stat_of(abspath), time.time(), note_tf, note_length)
         if self._equals_disk(buf):
             self.drop(session, str(abspath))
             return {"path": sources.printable(str(abspath)), "source": src.name,
@@ -233,6 +239,48 @@ class BufferStore:
                     out.append((c.id, score))
         return sorted(out, key=lambda x: -x[1])
 
+    def note_scores(self, db: sqlite3.Connection, parts: list[str],
+                    bufs: list[Buffer]) -> dict[int, float]:
+        """Each buffer's whole text scored as notes_fts scores a note (FTS5's bm25 over the
+        notes' statistics, bm25.NOTE_WEIGHTS), for the query words bm25.note_terms kept:
+        note id (negative) -> score, for the buffers holding one."""
+        if not parts or not bufs:
+            return {}
+        rows, avgdl = self._note_corpus(db)
+        terms = []
+        for p in parts:
+            words = _stems(db, p.strip('"'))
+            if not words:
+                continue
+            df = min((r[0] if r else 0) for r in (db.execute(
+                "SELECT doc FROM temp.notes_v WHERE term = ?", (w,)).fetchone() for w in words))
+            idf = math.log((rows - df + 0.5) / (df + 0.5)) if rows else 0.0
+            terms.append((words, max(idf, 1e-6)))
+        out = {}
+        for b in bufs:
+            score = 0.0
+            for words, idf in terms:
+                f = min(b.note_tf.get(w, 0.0) for w in words)
+                if f:
+                    score += idf * f * (K1 + 1) / (f + K1 * (1 - B + B * b.note_length / avgdl))
+            if score > 0:
+                out[b.note_id] = score
+        return out
+
+    def _note_corpus(self, db: sqlite3.Connection) -> tuple[int, float]:
+        """Notes of the index and their average length in tokens (refreshed each minute); and
+        this connection's views of the notes' vocabulary (temp.notes_v: per term, its notes)."""
+        bm25._prepare(db)
+        for kind, name in (("col", "notes_vc"), ("row", "notes_v")):
+            db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{name} USING "
+                       f"fts5vocab(main, notes_fts, {kind})")
+        now = time.monotonic()
+        if self._note_stats is None or now - self._note_stats[0] > 60:
+            total = db.execute("SELECT COALESCE(SUM(cnt), 0) FROM temp.notes_vc").fetchone()[0]
+            rows = db.execute("SELECT COUNT(*) FROM files WHERE chunks > 0").fetchone()[0]
+            self._note_stats = (now, rows, (total / rows) if rows else 1.0)
+        return self._note_stats[1], max(self._note_stats[2], 1.0)
+
     def vector_hits(self, qv: np.ndarray, bufs: list[Buffer],
                     allowed: set[str] | None) -> list[tuple[int, float]]:
         out = []
@@ -270,16 +318,8 @@ class BufferStore:
                                        f"left out by its rules)")
 
     def _bufchunk(self, db: sqlite3.Connection, r: store.ChunkRecord) -> BufChunk:
-        tf: dict[str, float] = {}
-        length = 0
-        stems: set[str] = set()
-        for text, w in zip((r.heading, r.keywords, r.body), WEIGHTS):
-            counts = _counts(db, text)
-            for t, n in counts.items():
-                tf[t] = tf.get(t, 0.0) + w * n
-                stems.add(t)
-            length += sum(counts.values())
-        return BufChunk(-next(self._ids), r, tf, length, stems)
+        tf, length = _weighted(db, (r.heading, r.keywords, r.body), WEIGHTS)
+        return BufChunk(-next(self._ids), r, tf, length, set(tf))
 
     def _corpus(self, db: sqlite3.Connection) -> tuple[int, float]:
         """Rows of the index and their average length in tokens (refreshed each minute)."""
@@ -369,6 +409,19 @@ def _counts(db: sqlite3.Connection, text: str) -> dict[str, int]:
     if not text:
         return {}
     return dict(Counter(bm25.index_tokens(db, [text])[0].split()))
+
+
+def _weighted(db: sqlite3.Connection, columns, weights) -> tuple[dict[str, float], int]:
+    """(stemmed term -> column-weighted frequency, tokens over all columns): what FTS5's
+    bm25() sees of a row with these column texts and weights."""
+    tf: dict[str, float] = {}
+    length = 0
+    for text, w in zip(columns, weights):
+        counts = _counts(db, text)
+        for t, n in counts.items():
+            tf[t] = tf.get(t, 0.0) + w * n
+        length += sum(counts.values())
+    return tf, length
 
 
 def _stems(db: sqlite3.Connection, text: str) -> list[str]:

@@ -515,28 +515,34 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
 NOTES_BATCH = 500  # notes rebuilt per statement by refresh_notes
 
 
+def note_row(chunks: list[tuple[str, str, str]]) -> tuple[str, str, str, str]:
+    """A note's notes_fts columns (title, keywords, headings, body) from its chunks' (heading
+    path, keywords, body) in order: the title is the first part of the heading path, each
+    heading once, the bodies joined."""
+    title, keywords = (chunks[0][0].split(" > ")[0], chunks[0][1]) if chunks else ("", "")
+    headings: list[str] = []
+    for heading, _, _ in chunks:
+        headings.extend(h for h in heading.split(" > ")[1:] if h not in headings)
+    return title, keywords, "\n".join(headings), "\n".join(c[2] for c in chunks)
+
+
 def refresh_notes(db: sqlite3.Connection) -> int:
     """Rebuild the notes_fts rows of the files whose chunks changed in this transaction (marked
     in notes_dirty by triggers); returns how many. Call inside the writer's transaction, before
-    its COMMIT. A note's row is its chunks in order: the title (the first part of the heading
-    path), aliases and tags, each heading once, and the bodies."""
+    its COMMIT. A note's row is note_row of its chunks."""
     dirty = [r[0] for r in db.execute("SELECT file_id FROM notes_dirty")]
     for i in range(0, len(dirty), NOTES_BATCH):
         part = dirty[i:i + NOTES_BATCH]
         marks = ",".join("?" * len(part))
         db.execute(f"DELETE FROM notes_fts WHERE rowid IN ({marks})", part)
-        notes: dict[int, tuple[str, str, list[str], list[str]]] = {}
+        chunks: dict[int, list[tuple[str, str, str]]] = {}
         for fid, heading, keywords, body in db.execute(
                 f"SELECT file_id, heading, keywords, body FROM chunks WHERE file_id IN ({marks}) "
                 "ORDER BY file_id, ordinal", part):
-            path = heading.split(" > ")
-            note = notes.setdefault(fid, (path[0], keywords, [], []))
-            note[2].extend(h for h in path[1:] if h not in note[2])
-            note[3].append(body)
+            chunks.setdefault(fid, []).append((heading, keywords, body))
         db.executemany("INSERT INTO notes_fts (rowid, title, keywords, headings, body) "
                        "VALUES (?, ?, ?, ?, ?)",
-                       [(fid, t, k, "\n".join(h), "\n".join(b))
-                        for fid, (t, k, h, b) in notes.items()])
+                       [(fid, *note_row(cs)) for fid, cs in chunks.items()])
     if dirty:
         db.execute("DELETE FROM notes_dirty")
     return len(dirty)

@@ -187,16 +187,14 @@ NOTE_COMMON_SHARE = 0.1
 NOTE_POSTINGS = 20_000
 
 
-def note_search(db: sqlite3.Connection, query: str, limit: int,
-                dfs: dict | None = None) -> dict[int, float]:
-    """BM25 of whole notes (notes_fts, one row per file: store.m006): file id -> score, the
-    best `limit`, over the query's words in at most NOTE_COMMON_SHARE of the chunks, the
-    rarest first within NOTE_POSTINGS (none: nothing). `dfs`: the parts' chunk counts when
-    the chunk ranking has them (tantivy's cost nothing; FTS5's vocabulary walks each word's
-    list)."""
+def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> list[str]:
+    """The query parts the note-level BM25 uses: those in at most NOTE_COMMON_SHARE of the
+    chunks, the rarest first while their chunk counts add up to NOTE_POSTINGS. `dfs`: the
+    parts' chunk counts when the chunk ranking has them (tantivy's cost nothing; FTS5's
+    vocabulary walks each word's list)."""
     parts = query_parts(query)
     if not parts:
-        return {}
+        return []
     rows = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'").fetchone()[0]
     counts = ([dfs[p] for p in parts] if dfs is not None and all(p in dfs for p in parts)
               else doc_freqs(db, parts))
@@ -206,11 +204,17 @@ def note_search(db: sqlite3.Connection, query: str, limit: int,
             break
         kept.append(p)
         walked += df
-    if not kept:
+    return kept
+
+
+def note_search(db: sqlite3.Connection, parts: list[str], limit: int) -> dict[int, float]:
+    """BM25 of whole notes (notes_fts, one row per file: store.m006) for the parts note_terms
+    kept: file id -> score, the best `limit`."""
+    if not parts:
         return {}
     return {r[0]: -r[1] for r in db.execute(
         f"SELECT rowid, bm25(notes_fts, {NOTE_WEIGHTS}) AS s FROM notes_fts "
-        "WHERE notes_fts MATCH ? ORDER BY s LIMIT ?", (" OR ".join(kept), limit))}
+        "WHERE notes_fts MATCH ? ORDER BY s LIMIT ?", (" OR ".join(parts), limit))}
 
 
 def _matching(columns: str, match: str, filters: Filters | None) -> tuple[str, list]:

@@ -150,12 +150,14 @@ def effective_share(share: float, vector_weight: float) -> float:
 NOTE_CANDIDATES = 100  # notes the note-level BM25 scores (then scaled 0..1 over them)
 
 
-def note_evidence(db: sqlite3.Connection, query: str, weight: float,
-                  dfs: dict | None = None) -> dict[int, tuple[float, float, int]]:
+def note_evidence(db: sqlite3.Connection, query: str, weight: float, dfs: dict | None = None,
+                  overlay=None, bufs=(), exclude=()) -> dict[int, tuple[float, float, int]]:
     """A note's words as one document: file id -> (what it adds to the note's score, its BM25
     score, its rank), for the best NOTE_CANDIDATES notes by the BM25 of their whole text; the
     score scaled 0..1 over them, times `weight`. notes.group adds it to notes ranked by their
-    chunks (a note no chunk brought gains nothing: it has no chunk to show).
+    chunks (a note no chunk brought gains nothing: it has no chunk to show). An editor's
+    unsaved buffer (`bufs`, of the BufferStore `overlay`) is scored as its note would be, in
+    place of its file (`exclude`).
 
     Why: a chunk is scored on its own words, so a note whose sections each hold some words of
     the question ranks below one chunk holding most of them. Callan ("Passage-level evidence in
@@ -166,7 +168,13 @@ def note_evidence(db: sqlite3.Connection, query: str, weight: float,
     0.725 -> 0.729, BM25 0.692 -> 0.686). 0.5 lost on the dev set (README, Quality). Cost:
     +2.1 ms a hybrid search at 9k chunks, +6.4 ms at 100k, +11.6 ms at 1M (FTS5 scores every
     note holding a word it is given: bm25.NOTE_COMMON_SHARE, NOTE_POSTINGS)."""
-    scores = bm25.note_search(db, query, NOTE_CANDIDATES, dfs)
+    parts = bm25.note_terms(db, query, dfs)
+    scores = bm25.note_search(db, parts, NOTE_CANDIDATES + len(exclude))
+    for fid in exclude:  # files an unsaved buffer stands in for: the buffer is scored instead
+        scores.pop(fid, None)
+    if bufs and overlay is not None:
+        scores.update(overlay.note_scores(db, parts, bufs))
+    scores = dict(sorted(scores.items(), key=lambda x: -x[1])[:NOTE_CANDIDATES])
     if not scores:
         return {}
     scaled = dict(zip(scores, _minmax(list(scores.values()))))
@@ -324,7 +332,8 @@ class Searcher:
                 weight = 0.0
             if weight > 0:
                 t = time.perf_counter()
-                info["note_evidence"] = note_evidence(db, query, weight, info.get("dfs"))
+                info["note_evidence"] = note_evidence(db, query, weight, info.get("dfs"),
+                                                      self.buffers, bufs, filters.exclude_files)
                 timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
