@@ -992,6 +992,18 @@ def _stdout_closed() -> bool:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+
+    def fail(message: str, rc: int, code: str = "failed") -> int:
+        """An error for the user on stderr: a line, or with --json one JSON object (what a
+        script reads: {"error": code, "message": ...}); stdout stays for results."""
+        if getattr(args, "json", False):
+            print(json.dumps({"error": code, "message": message}, ensure_ascii=False),
+                  file=sys.stderr)
+        else:
+            print(f"ragctl: {message}" + (f" ({code})" if code not in ("failed", "connection")
+                                          else ""), file=sys.stderr)
+        return rc
+
     try:
         return args.func(args)
     except BrokenPipeError as e:
@@ -999,23 +1011,15 @@ def main(argv=None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # so the exit flush does not complain
             return 0
-        print(f"ragctl: lost the connection to ragd: {e}", file=sys.stderr)
-        return 1
+        return fail(f"lost the connection to ragd: {e}", 1, "connection")
     except Fail as e:
-        print(f"ragctl: {e}", file=sys.stderr)
-        return e.code
+        return fail(str(e), e.code)
     except P.DaemonError as e:
-        print(f"ragctl: {e.message} ({e.code})", file=sys.stderr)
-        return 1
+        return fail(e.message, 1, e.code)
     except (ConnectionError, TimeoutError, P.ProtocolError) as e:
-        print(f"ragctl: lost the connection to ragd: {e}", file=sys.stderr)
-        return 1
-    except P.ConfigUnreadable as e:
-        print(f"ragctl: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"ragctl: {e}", file=sys.stderr)
-        return 2
+        return fail(f"lost the connection to ragd: {e}", 1, "connection")
+    except (P.ConfigUnreadable, OSError) as e:
+        return fail(str(e), 2)
     except KeyboardInterrupt:
         return 130
 

@@ -206,7 +206,7 @@ class Daemon:
         # Looked up on every call, so a config written (or fixed) later is followed.
         try:
             return P.socket_path(self.socket_opt, self.config_opt)
-        except (OSError, tomllib.TOMLDecodeError) as e:
+        except (OSError, tomllib.TOMLDecodeError, P.ConfigUnreadable) as e:
             raise ToolError(f"cannot read the ragd config to find its socket: {e}") from None
 
     def call(self, call: Call, op: str, timeout: float = CALL_TIMEOUT, **args) -> Any:

@@ -151,7 +151,9 @@ def socket_path(cli_socket=None, cli_config=None, env=os.environ) -> Path:
         return Path(env["RAGD_SOCKET"]).expanduser()
     cfg = find_config(cli_config, env)
     table = None
-    if cfg is not None and cfg.exists():
+    if cfg is not None and not cfg.exists():  # named by --config or $RAGD_CONFIG: a typo
+        raise ConfigUnreadable(f"{cfg}: config file not found")
+    if cfg is not None:
         try:
             with open(cfg, "rb") as f:
                 table = tomllib.load(f).get("daemon")

@@ -125,6 +125,24 @@ def test_ragctl_start_reports_a_config_error(tmp_path):
     assert "sokcet" in r.stderr and str(cfg) in r.stderr
 
 
+def test_ragctl_errors_name_a_missing_config_and_are_json_with_json(make_daemon, tmp_path):
+    """A --config (or $RAGD_CONFIG) that does not exist is said, not taken for the default
+    config; with --json an error is one JSON object on stderr ({"error": code, "message"}),
+    stdout staying empty."""
+    missing = tmp_path / "typo.toml"
+    r = ragctl("--config", missing, "status")
+    assert r.returncode == 2 and r.stderr == f"ragctl: {missing}: config file not found\n"
+    r = ragctl("status", env={**os.environ, "RAGD_CONFIG": str(missing)})
+    assert r.returncode == 2 and "config file not found" in r.stderr
+    with make_daemon() as d:
+        r = ragctl("--config", d.config, "ask", "what is due", "-k", "0", "--json")
+        assert r.returncode == 1 and r.stdout == ""
+        err = json.loads(r.stderr)
+        assert err["error"] == "bad_args" and "'k' must be between" in err["message"]
+        r = ragctl("--config", d.config, "ask", "what is due", "-k", "0")
+        assert r.stderr.startswith("ragctl: ask: 'k' must be between") and "(bad_args)" in r.stderr
+
+
 def test_second_daemon_is_refused_with_pid(make_daemon, tmp_path):
     with make_daemon() as d:
         second = subprocess.run([sys.executable, "-m", "ragd", "--config", str(d.config)],
