@@ -39,6 +39,9 @@ from ragd.search.hybrid import MODES, PARTIAL_FUSION_FROM, Searcher
 from ragd.engines import download, models
 from ragd.server import AfterReply, OpError, Stream
 
+
+ECHO_CHARS = 1000  # of a search's query echoed in its reply (query_chars: the whole length)
+
 REQUIRED = object()
 
 ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
@@ -368,10 +371,13 @@ class Ops:
             info["confidence"] = conf
             info["low_confidence"] = conf < notes.LOW_CONFIDENCE
         info["group"] = group
-        reply = {"query": query, "mode": info["mode"],
+        reply = {"query": query if len(query) <= ECHO_CHARS else query[:ECHO_CHARS] + "…",
+                 "mode": info["mode"],
                  "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), "results": results}
         reply.update({key: v for key, v in info.items() if key not in ("mode", "nothing_relevant")})
         reply.setdefault("degraded", False)
+        if len(query) > ECHO_CHARS:  # a pasted page is not sent back whole with every reply
+            reply["query_chars"] = len(query)
         if fresh is not None:
             reply["waited"] = {"fresh": fresh, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
         return reply

@@ -318,7 +318,7 @@ def test_a_shown_line_holds_its_match():
 def test_a_query_past_the_models_context_is_cut_not_degraded(make_daemon, tmp_path):
     """An agent pastes a page into search: the query is cut to the model's context (as
     documents are), not refused by the engine and answered from BM25 as if the engine were
-    down."""
+    down; the reply echoes its first 1,000 characters."""
     root = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
                     extra=engine_config())
@@ -330,7 +330,11 @@ def test_a_query_past_the_models_context_is_cut_not_degraded(make_daemon, tmp_pa
             assert res["mode"] == mode and res["degraded"] is False, res.get("reason")
             cut = res["query_truncated"]
             assert cut["tokens"] > cut["kept"] and cut["kept"] <= 512 and res["results"]
-        assert "query_truncated" not in d.call("search", query="recurring task", k=1)
+            # and the page is not echoed back whole
+            assert res["query"] == long[:1000] + "…" and res["query_chars"] == len(long)
+        res = d.call("search", query="recurring task", k=1)
+        assert "query_truncated" not in res and "query_chars" not in res
+        assert res["query"] == "recurring task"
 
 
 def test_a_note_scores_its_whole_text_too(make_daemon, tmp_path):
