@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ragd import protocol as P
+from ragd.index import store
 
 from conftest import engine_config, ragctl, small_vault, wait_embedded
 
@@ -294,6 +295,7 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path):
             assert names[0] == "errands.md" and (mode == "hybrid" or names == ["errands.md"])
             assert res["results"][0]["match_lines"] == [4]
             assert res["confidence"] == 1.0 and res["low_confidence"] is False
+            assert res["results"][0]["scores"]["note_bm25_rank"] == 1  # the note's words too
         res = d.call("search", query="🌹 roses", mode="bm25")
         assert Path(res["results"][0]["path"]).name == "garden.md"
         res = d.call("search", query="⚓", mode="bm25")
@@ -391,12 +393,14 @@ def test_a_note_scores_its_whole_text_too(make_daemon, tmp_path):
         assert sorted(names) == ["moved.md", "spread.md"]
         db = sqlite3.connect(f"file:{tmp_path / 'data' / 'index.sqlite3'}?mode=ro", uri=True)
         try:
-            rows = dict(db.execute("SELECT rowid, body FROM notes_fts"))
-            want: dict[int, list[str]] = {}
-            for fid, body in db.execute("SELECT file_id, body FROM chunks ORDER BY file_id, "
-                                        "ordinal"):
-                want.setdefault(fid, []).append(body)
-            assert rows == {fid: "\n".join(b) for fid, b in want.items()}
+            rows = {r[0]: r[1:] for r in db.execute(
+                "SELECT rowid, title, keywords, headings, body FROM notes_fts")}
+            want: dict[int, list[tuple[str, str, str]]] = {}
+            for fid, *chunk in db.execute("SELECT file_id, heading, keywords, body FROM chunks "
+                                          "ORDER BY file_id, ordinal"):
+                want.setdefault(fid, []).append(tuple(chunk))
+            assert rows == {fid: store.note_row(cs) for fid, cs in want.items()}
+            assert any("\nsym" in body for *_, body in rows.values())  # ✅ and the like
             assert db.execute("SELECT COUNT(*) FROM notes_dirty").fetchone()[0] == 0
             assert [r[0] for r in db.execute(
                 "SELECT rowid FROM notes_fts WHERE notes_fts MATCH 'quasar OR fjord'")] == []
@@ -406,7 +410,8 @@ def test_a_note_scores_its_whole_text_too(make_daemon, tmp_path):
 
 def test_an_index_from_before_whole_notes_gets_them_at_start(make_daemon, tmp_path):
     """Schema 5 -> 6 (store.m006): the first start after the upgrade builds the notes' rows from
-    the chunks already indexed, and search uses them at once."""
+    the chunks already indexed, and search uses them at once; so does a start that finds them
+    of an older format (store.NOTES_FORMAT)."""
     root = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}])
     with d:
@@ -424,11 +429,20 @@ def test_an_index_from_before_whole_notes_gets_them_at_start(make_daemon, tmp_pa
         d.wait_idle()
         res = d.call("search", query="recurrence rule", mode="bm25")
         assert res["results"] and all("note_bm25" in r["scores"] for r in res["results"][:3])
-    assert "note index built" in (tmp_path / "data" / "ragd.log").read_text()
+    log = tmp_path / "data" / "ragd.log"
+    assert log.read_text().count("note index built") == 1  # (the first start had no notes)
     db = sqlite3.connect(path)
     try:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 6
         assert db.execute("SELECT COUNT(*) FROM notes_fts").fetchone()[0] == db.execute(
             "SELECT COUNT(DISTINCT file_id) FROM chunks").fetchone()[0] > 10
+        with db:  # rows of an older format are rebuilt at the next start
+            db.execute("UPDATE meta SET value = '1' WHERE key = 'notes_format'")
+            db.execute("DELETE FROM notes_fts")
     finally:
         db.close()
+    with d:
+        d.wait_idle()
+        assert d.call("search", query="recurrence rule", mode="bm25")["results"][0]["scores"][
+            "note_bm25_rank"] == 1
+    assert log.read_text().count("note index built") == 2

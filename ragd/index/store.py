@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from ragd.search import bm25
+
 log = logging.getLogger("ragd.store")
 
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
@@ -259,13 +261,8 @@ def m006_notes_fts(db: sqlite3.Connection) -> None:
             INSERT OR IGNORE INTO notes_dirty (file_id) VALUES (old.file_id);
             INSERT OR IGNORE INTO notes_dirty (file_id) VALUES (new.file_id);
         END;
-        INSERT INTO notes_dirty (file_id) SELECT DISTINCT file_id FROM chunks;
-    """)
-    n = db.execute("SELECT COUNT(*) FROM notes_dirty").fetchone()[0]
-    if n:
-        t0 = time.monotonic()
-        refresh_notes(db)
-        log.info("note index built: %d notes (%.1fs)", n, time.monotonic() - t0)
+        DELETE FROM meta WHERE key = 'notes_format';
+    """)  # the rows are built by check_notes, right after the migrations
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -408,11 +405,37 @@ def migrate(db: sqlite3.Connection) -> int:
     return found
 
 
+NOTES_FORMAT = "2"  # of notes_fts's rows (note_row): another rebuilds them (2: symbol words)
+
+
+def check_notes(db: sqlite3.Connection) -> None:
+    """Build every note's notes_fts row when they are of another format (or were never built:
+    after store.m006), in one transaction."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'notes_format'").fetchone()
+    if row is not None and row[0] == NOTES_FORMAT:
+        return
+    t0 = time.monotonic()
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("INSERT OR IGNORE INTO notes_dirty (file_id) SELECT DISTINCT file_id "
+                   "FROM chunks")
+        n = refresh_notes(db)
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('notes_format', ?)",
+                   (NOTES_FORMAT,))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    if n:
+        log.info("note index built: %d notes (%.1fs)", n, time.monotonic() - t0)
+
+
 def open_store(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         db = connect(path)
         migrate(db)
+        check_notes(db)
     except sqlite3.DatabaseError as e:
         raise StoreError(f"cannot open the index {path}: {e}") from e
     return db
@@ -523,13 +546,15 @@ def note_row(chunks: list[tuple[str, str, str]]) -> tuple[str, str, str, str]:
     headings: list[str] = []
     for heading, _, _ in chunks:
         headings.extend(h for h in heading.split(" > ")[1:] if h not in headings)
-    return title, keywords, "\n".join(headings), "\n".join(c[2] for c in chunks)
+    body = "\n".join(c[2] for c in chunks)
+    signs = bm25.symbol_words(body)  # FTS5 drops ⛔ 📅: each becomes a word of its own
+    return title, keywords, "\n".join(headings), body + ("\n" + signs if signs else "")
 
 
 def refresh_notes(db: sqlite3.Connection) -> int:
     """Rebuild the notes_fts rows of the files whose chunks changed in this transaction (marked
     in notes_dirty by triggers); returns how many. Call inside the writer's transaction, before
-    its COMMIT. A note's row is note_row of its chunks."""
+    its COMMIT. A note's row is note_row of its chunks (of NOTES_FORMAT: check_notes)."""
     dirty = [r[0] for r in db.execute("SELECT file_id FROM notes_dirty")]
     for i in range(0, len(dirty), NOTES_BATCH):
         part = dirty[i:i + NOTES_BATCH]

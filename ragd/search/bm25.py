@@ -52,6 +52,12 @@ def symbols(text: str) -> list[str]:
     return [ch for ch in text if ch > "\x7f" and unicodedata.category(ch) == "So"]
 
 
+def symbol_words(text: str) -> str:
+    """Each symbol of a text as a word FTS5 keeps ("sym26d4" for ⛔), space-separated: how
+    notes_fts holds them (store.note_row)."""
+    return " ".join(f"sym{ord(ch):x}" for ch in symbols(text))
+
+
 def fts_query(text: str) -> str:
     """Turn free text into a safe FTS5 MATCH expression ('' when nothing is searchable)."""
     return " OR ".join(query_parts(text))
@@ -185,22 +191,29 @@ NOTE_COMMON_SHARE = 0.1
 # whatever the index's size (+65 ms a search at 1M chunks without it). Under 10k chunks it
 # never binds.
 NOTE_POSTINGS = 20_000
+# A word in at most this many chunks counts whatever the share: in a vault of a few dozen notes
+# every word is in over 10% of the chunks.
+NOTE_FEW = 50
 
 
 def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> list[str]:
     """The query parts the note-level BM25 uses: those in at most NOTE_COMMON_SHARE of the
-    chunks, the rarest first while their chunk counts add up to NOTE_POSTINGS. `dfs`: the
+    chunks (or NOTE_FEW), the rarest first while their chunk counts add up to NOTE_POSTINGS. `dfs`: the
     parts' chunk counts when the chunk ranking has them (tantivy's cost nothing; FTS5's
     vocabulary walks each word's list)."""
     parts = query_parts(query)
-    if not parts:
+    signs = list(dict.fromkeys(symbols(query)))
+    if not parts and not signs:
         return []
     rows = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'").fetchone()[0]
     counts = ([dfs[p] for p in parts] if dfs is not None and all(p in dfs for p in parts)
               else doc_freqs(db, parts))
+    # a symbol: the chunks holding it as tantivy counts them (unknown to FTS5: 0)
+    counts += [dfs.get(ch, 0) if dfs else 0 for ch in signs]
+    parts = parts + [f'"{symbol_words(ch)}"' for ch in signs]
     kept, walked = [], 0
     for df, p in sorted(zip(counts, parts)):  # the rarest first, within the budget
-        if df > rows * NOTE_COMMON_SHARE or walked + df > NOTE_POSTINGS:
+        if df > max(rows * NOTE_COMMON_SHARE, NOTE_FEW) or walked + df > NOTE_POSTINGS:
             break
         kept.append(p)
         walked += df
