@@ -217,24 +217,13 @@ class BufferStore:
             return []
         parts = bm25.prune_common(db, parts, share)
         rows, avgdl = self._corpus(db)
-        terms = []
-        for p in parts:
-            words = _stems(db, p.strip('"'))
-            if not words:
-                continue
-            df = bm25.doc_freq(db, p)
-            idf = math.log((rows - df + 0.5) / (df + 0.5)) if rows else 0.0
-            terms.append((words, max(idf, 1e-6)))
+        terms = _terms(db, parts, rows, lambda p, _: bm25.doc_freq(db, p))
         out = []
         for b in bufs:
             if allowed is not None and b.source not in allowed:
                 continue
             for c in b.chunks:
-                score = 0.0
-                for words, idf in terms:
-                    f = min(c.tf.get(w, 0.0) for w in words)  # a phrase: its rarest word
-                    if f:
-                        score += idf * f * (K1 + 1) / (f + K1 * (1 - B + B * c.length / avgdl))
+                score = _bm25(terms, c.tf, c.length, avgdl)
                 if score > 0:
                     out.append((c.id, score))
         return sorted(out, key=lambda x: -x[1])
@@ -247,22 +236,12 @@ class BufferStore:
         if not parts or not bufs:
             return {}
         rows, avgdl = self._note_corpus(db)
-        terms = []
-        for p in parts:
-            words = _stems(db, p.strip('"'))
-            if not words:
-                continue
-            df = min((r[0] if r else 0) for r in (db.execute(
-                "SELECT doc FROM temp.notes_v WHERE term = ?", (w,)).fetchone() for w in words))
-            idf = math.log((rows - df + 0.5) / (df + 0.5)) if rows else 0.0
-            terms.append((words, max(idf, 1e-6)))
+        terms = _terms(db, parts, rows, lambda _, words: min(
+            (r[0] if r else 0) for r in (db.execute(
+                "SELECT doc FROM temp.notes_v WHERE term = ?", (w,)).fetchone() for w in words)))
         out = {}
         for b in bufs:
-            score = 0.0
-            for words, idf in terms:
-                f = min(b.note_tf.get(w, 0.0) for w in words)
-                if f:
-                    score += idf * f * (K1 + 1) / (f + K1 * (1 - B + B * b.note_length / avgdl))
+            score = _bm25(terms, b.note_tf, b.note_length, avgdl)
             if score > 0:
                 out[b.note_id] = score
         return out
@@ -409,6 +388,34 @@ def _counts(db: sqlite3.Connection, text: str) -> dict[str, int]:
     if not text:
         return {}
     return dict(Counter(bm25.index_tokens(db, [text])[0].split()))
+
+
+def _terms(db: sqlite3.Connection, parts: list[str], rows: int,
+           df_of) -> list[tuple[list[str], float]]:
+    """Each query part's stems and IDF over `rows` rows (df_of(part, stems): its rows)."""
+    out = []
+    for p in parts:
+        words = _stems(db, p.strip('"'))
+        if words:
+            out.append((words, _idf(rows, df_of(p, words))))
+    return out
+
+
+def _idf(rows: int, df: int) -> float:
+    """FTS5 bm25()'s IDF (never below 1e-6)."""
+    return max(math.log((rows - df + 0.5) / (df + 0.5)) if rows else 0.0, 1e-6)
+
+
+def _bm25(terms: list[tuple[list[str], float]], tf: dict[str, float], length: int,
+          avgdl: float) -> float:
+    """FTS5 bm25() of one row (column-weighted term frequencies `tf`, `length` tokens) for the
+    query's (stems, idf); a phrase counts as its rarest word."""
+    score = 0.0
+    for words, idf in terms:
+        f = min(tf.get(w, 0.0) for w in words)
+        if f:
+            score += idf * f * (K1 + 1) / (f + K1 * (1 - B + B * length / avgdl))
+    return score
 
 
 def _weighted(db: sqlite3.Connection, columns, weights) -> tuple[dict[str, float], int]:
