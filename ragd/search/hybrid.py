@@ -322,7 +322,14 @@ class Searcher:
             ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists.get(key, [])]
 
         timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-        if group == "note" and self.cfg.note_weight > 0 and ranked and view is None:
+        if rerank is None:  # the default: rerank when a reranker is configured
+            rerank = self.cfg.rerank and "reranker" in self.engines.configured
+        if rerank and ranked:
+            top = (notes.firsts(db, ranked, self.cfg.rerank_top, self.buffers)
+                   if group == "note" else ranked[:self.cfg.rerank_top])
+            self._rerank(db, query, ranked, top, info)
+        if group == "note" and self.cfg.note_weight > 0 and ranked and view is None \
+                and not info["reranked"]:  # (the reranker's order stands: notes.group)
             # (Milvus serving: its BM25 is not FTS5's; the notes' own rows are not used)
             if key == "fused":  # convex: the BM25 share of the mix
                 weight = self.cfg.note_weight * info["weights"]["bm25"]
@@ -335,12 +342,6 @@ class Searcher:
                 info["note_evidence"] = note_evidence(db, query, weight, info.get("dfs"),
                                                       self.buffers, bufs, filters.exclude_files)
                 timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-        if rerank is None:  # the default: rerank when a reranker is configured
-            rerank = self.cfg.rerank and "reranker" in self.engines.configured
-        if rerank and ranked:
-            top = (notes.firsts(db, ranked, self.cfg.rerank_top, self.buffers)
-                   if group == "note" else ranked[:self.cfg.rerank_top])
-            self._rerank(db, query, ranked, top, info)
         return ranked, info
 
     def _anything_relevant(self, db, query: str, mode: str, filters: Filters,
