@@ -446,3 +446,21 @@ def test_an_index_from_before_whole_notes_gets_them_at_start(make_daemon, tmp_pa
         assert d.call("search", query="recurrence rule", mode="bm25")["results"][0]["scores"][
             "note_bm25_rank"] == 1
     assert log.read_text().count("note index built") == 2
+
+
+def test_one_long_note_does_not_turn_the_whole_note_score_off(make_daemon, tmp_path):
+    """A word is left out of the whole-note score when it is common; one long note holding it in
+    80 sections made it common among the chunks while two notes hold it: the notes count."""
+    root = small_vault(tmp_path / "vault")
+    (root / "log.md").write_text("# Log\n\n" + "".join(
+        f"## Day {i}\n\nThe quokka came by on day {i}.\n\n" for i in range(80)))
+    (root / "island.md").write_text("# Island\n\nA quokka lives on Rottnest island.\n")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}])
+    with d:
+        d.wait_idle()
+        res = d.call("search", query="quokka", mode="bm25", group="chunk", k=200)
+        assert len(res["results"]) == 81  # over 10% of the chunks, and over 50
+        res = d.call("search", query="quokka", mode="bm25")
+        by = {r["path"].rsplit("/", 1)[1]: r["scores"] for r in res["results"]}
+        assert by.keys() == {"log.md", "island.md"}
+        assert all("note_bm25_rank" in sc for sc in by.values()), by

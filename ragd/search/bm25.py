@@ -70,6 +70,7 @@ _TEMP_TABLES = (
     "CREATE VIRTUAL TABLE IF NOT EXISTS temp.stem_v USING fts5vocab(temp, stem_q, row)",
     "CREATE VIRTUAL TABLE IF NOT EXISTS temp.stem_i USING fts5vocab(temp, stem_q, instance)",
     "CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunks_v USING fts5vocab(main, chunks_fts, row)",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.notes_v USING fts5vocab(main, notes_fts, row)",
 )
 
 
@@ -97,9 +98,9 @@ def doc_freq(db: sqlite3.Connection, phrase: str) -> int:
     return min((c[0] if c else 0) for c in counts) if counts else 0
 
 
-def doc_freqs(db: sqlite3.Connection, phrases: list[str]) -> list[int]:
+def doc_freqs(db: sqlite3.Connection, phrases: list[str], vocab: str = "chunks_v") -> list[int]:
     """doc_freq of each phrase, their words stemmed in one insert (doc_freq's insert per
-    phrase cost 0.3 ms each)."""
+    phrase cost 0.3 ms each); vocab "notes_v": the notes holding it."""
     _prepare(db)
     db.execute("DELETE FROM temp.stem_q")
     db.executemany("INSERT INTO temp.stem_q (rowid, x) VALUES (?, ?)",
@@ -110,7 +111,7 @@ def doc_freqs(db: sqlite3.Connection, phrases: list[str]) -> list[int]:
     db.execute("DELETE FROM temp.stem_q")
     counts = {}
     for t in {t for ts in terms.values() for t in ts}:  # one lookup each: IN scans the vocab
-        row = db.execute("SELECT doc FROM temp.chunks_v WHERE term = ?", (t,)).fetchone()
+        row = db.execute(f"SELECT doc FROM temp.{vocab} WHERE term = ?", (t,)).fetchone()
         counts[t] = row[0] if row else 0
     return [min((counts.get(t, 0) for t in terms.get(i, ())), default=0)
             for i in range(len(phrases))]
@@ -198,9 +199,9 @@ NOTE_FEW = 50
 
 def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> list[str]:
     """The query parts the note-level BM25 uses: those in at most NOTE_COMMON_SHARE of the
-    chunks (or NOTE_FEW), the rarest first while their chunk counts add up to NOTE_POSTINGS. `dfs`: the
-    parts' chunk counts when the chunk ranking has them (tantivy's cost nothing; FTS5's
-    vocabulary walks each word's list)."""
+    chunks or of the notes (or NOTE_FEW), the rarest first while their counts add up to
+    NOTE_POSTINGS. `dfs`: the parts' chunk counts when the chunk ranking has them (tantivy's
+    cost nothing; FTS5's vocabulary walks each word's list)."""
     parts = query_parts(query)
     signs = list(dict.fromkeys(symbols(query)))
     if not parts and not signs:
@@ -211,10 +212,20 @@ def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> l
     # a symbol: the chunks holding it as tantivy counts them (unknown to FTS5: 0)
     counts += [dfs.get(ch, 0) if dfs else 0 for ch in signs]
     parts = parts + [f'"{symbol_words(ch)}"' for ch in signs]
+    notes = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'indexed'"
+                       ).fetchone()[0]
     kept, walked = [], 0
     for df, p in sorted(zip(counts, parts)):  # the rarest first, within the budget
-        if df > max(rows * NOTE_COMMON_SHARE, NOTE_FEW) or walked + df > NOTE_POSTINGS:
+        if walked + df > NOTE_POSTINGS:
             break
+        if df > max(rows * NOTE_COMMON_SHARE, NOTE_FEW):
+            # common among the chunks, maybe not among the notes: one long note can hold a
+            # word in a thousand chunks. Its notes are counted (a walk of at most df entries).
+            ndf = doc_freqs(db, [p], "notes_v")[0]
+            walked += ndf
+            if ndf > max(notes * NOTE_COMMON_SHARE, NOTE_FEW) or walked + ndf > NOTE_POSTINGS:
+                continue
+            df = ndf
         kept.append(p)
         walked += df
     return kept
