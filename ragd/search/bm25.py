@@ -184,7 +184,8 @@ NOTE_WEIGHTS = f"{HEADING_WEIGHT}, {KEYWORDS_WEIGHT}, {HEADING_WEIGHT}, {TEXT_WE
 
 # The note-level BM25 keeps only the query words found in at most this share of the chunks: its
 # walk of every note holding a word (FTS5 scores them all) then costs 1.4 ms a question at 9k
-# chunks instead of 3.0 (at the hybrid ranking's 0.25), and the rare words are what it adds.
+# chunks instead of 3.0 (at the hybrid ranking's 0.25), and the rare words are what it adds
+# (in process; through the daemon the whole-note score costs 2.6 ms at 9k, README).
 # Measured in process against 0.25: dev set MRR@10 0.853 -> 0.853, SciFact train nDCG@10
 # 0.736 -> 0.736; 0.05 cost BM25 alone 0.01 on the dev set.
 NOTE_COMMON_SHARE = 0.1
@@ -220,7 +221,10 @@ def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> l
             break
         if df > max(rows * NOTE_COMMON_SHARE, NOTE_FEW):
             # common among the chunks, maybe not among the notes: one long note can hold a
-            # word in a thousand chunks. Its notes are counted (a walk of at most df entries).
+            # word in a thousand chunks. Its notes are counted (a walk of at most df entries),
+            # unless it is a filler word ("how", "the": in most notes anyway).
+            if p.strip('"') in STOPWORDS:
+                continue
             ndf = doc_freqs(db, [p], "notes_v")[0]
             walked += ndf
             if ndf > max(notes * NOTE_COMMON_SHARE, NOTE_FEW) or walked + ndf > NOTE_POSTINGS:

@@ -166,7 +166,7 @@ def note_evidence(db: sqlite3.Connection, query: str, weight: float, dfs: dict |
     0 -> 0.25: dev set hybrid MRR@10 0.831 -> 0.842 (hit@5 0.90 -> 0.94), BM25 alone 0.662 ->
     0.685; SciFact train nDCG@10 hybrid 0.732 -> 0.736, BM25 0.696 -> 0.701 (test: hybrid
     0.725 -> 0.729, BM25 0.692 -> 0.686). 0.5 lost on the dev set (README, Quality). Cost:
-    +2.1 ms a hybrid search at 9k chunks, +6.4 ms at 100k, +11.6 ms at 1M (FTS5 scores every
+    +2.6 ms a hybrid search at 9k chunks, +6.6 ms at 100k, +11.6 ms at 1M (FTS5 scores every
     note holding a word it is given: bm25.NOTE_COMMON_SHARE, NOTE_POSTINGS)."""
     parts = bm25.note_terms(db, query, dfs)
     scores = bm25.note_search(db, parts, NOTE_CANDIDATES + len(exclude))
