@@ -124,6 +124,21 @@ def test_frontmatter_forms():
     assert chunk.heading == "My: Note > Body" and chunk.line_start == 11
 
 
+def test_a_stub_note_is_one_chunk_found_by_its_title_aliases_and_tags():
+    """A note of frontmatter or headings only (a link target to fill in later) was no chunk:
+    not even its alias found it. Now it is one chunk of its lines; an empty note, or one of
+    nothing but a comment, is still none."""
+    doc = markdown.parse("---\naliases: [onlyfm]\ntags: [a, b]\n---\n\n", "Person")
+    (chunk,) = chunker.chunk_doc(doc)
+    assert (chunk.heading, chunk.keywords, chunk.line_start, chunk.line_end) == (
+        "Person", "onlyfm a b", 1, 4)
+    assert chunk.text == "---\naliases: [onlyfm]\ntags: [a, b]\n---" and chunk.body == ""
+    (chunk,) = chunker.chunk_doc(markdown.parse("# Ideas\n\n## Later\n", "Ideas"))
+    assert chunk.heading == "Ideas > Later" and chunk.text == "# Ideas\n\n## Later"
+    assert chunker.chunk_doc(markdown.parse("", "Empty")) == []
+    assert chunker.chunk_doc(markdown.parse("<!-- todo -->\n", "Comment")) == []
+
+
 @pytest.mark.parametrize("fm", ["---\ntitle: x\n", "---\n: no key\n---\n", "---\nkey: [a, 'b\n---\n"])
 def test_malformed_frontmatter_is_indexed_as_text_with_a_warning(fm):
     doc = markdown.parse(fm + "Body text.\n", "n")

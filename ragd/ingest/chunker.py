@@ -202,4 +202,12 @@ def chunk_doc(doc: Doc, budget: int = 256, overlap: int = 48) -> list[Chunk]:
         pieces = _pieces(doc, b, budget)
         section += pieces
     flush()
+    if not chunks and doc.pages is None and (keywords or any(
+            b.kind == "heading" for b in doc.blocks)):
+        # a stub (frontmatter or headings only, a link target to fill later): one chunk of
+        # its lines, so that its title, aliases and tags find it
+        filled = [i for i, line in enumerate(doc.lines) if line.strip()]
+        if filled:
+            text = "\n".join(doc.lines[:filled[-1] + 1]).strip()
+            chunks.append(Chunk(heading_path(), 1, filled[-1] + 1, text, "", keywords))
     return chunks
