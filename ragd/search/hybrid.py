@@ -298,7 +298,7 @@ class Searcher:
                 floor = min(fused.values(), default=1.0)
                 for rank, cid in enumerate(lists["vector"], 1):
                     fused.setdefault(cid, floor * 0.5 / rank)
-                key = "rrf"
+                key = None  # (no fused score: BM25's own; --explain said "fused (RRF)")
             elif self.cfg.fusion == "convex" and "vector" in lists:
                 info["fusion"] = "convex"
                 share = round(effective_share(self.cfg.vector_share, weights["vector"]), 4)
