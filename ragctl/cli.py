@@ -993,15 +993,15 @@ def _stdout_closed() -> bool:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
 
-    def fail(message: str, rc: int, code: str = "failed") -> int:
-        """An error for the user on stderr: a line, or with --json one JSON object (what a
-        script reads: {"error": code, "message": ...}); stdout stays for results."""
+    def fail(message: str, rc: int, code: str = "failed", said: bool = False) -> int:
+        """An error for the user on stderr: a line (with the daemon's code when `said`), or
+        with --json one JSON object (what a script reads: {"error": code, "message": ...});
+        stdout stays for results."""
         if getattr(args, "json", False):
             print(json.dumps({"error": code, "message": message}, ensure_ascii=False),
                   file=sys.stderr)
         else:
-            print(f"ragctl: {message}" + (f" ({code})" if code not in ("failed", "connection")
-                                          else ""), file=sys.stderr)
+            print(f"ragctl: {message}" + (f" ({code})" if said else ""), file=sys.stderr)
         return rc
 
     try:
@@ -1012,13 +1012,15 @@ def main(argv=None) -> int:
             os.dup2(devnull, sys.stdout.fileno())  # so the exit flush does not complain
             return 0
         return fail(f"lost the connection to ragd: {e}", 1, "connection")
-    except Fail as e:
-        return fail(str(e), e.code)
+    except Fail as e:  # exit 2: a wrong command line or config, as the daemon's bad_args
+        return fail(str(e), e.code, "bad_args" if e.code == 2 else "failed")
     except P.DaemonError as e:
-        return fail(e.message, 1, e.code)
+        return fail(e.message, 1, e.code, said=True)
     except (ConnectionError, TimeoutError, P.ProtocolError) as e:
         return fail(f"lost the connection to ragd: {e}", 1, "connection")
-    except (P.ConfigUnreadable, OSError) as e:
+    except P.ConfigUnreadable as e:
+        return fail(str(e), 2, "bad_config")
+    except OSError as e:
         return fail(str(e), 2)
     except KeyboardInterrupt:
         return 130

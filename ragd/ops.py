@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import logging
 import math
 import os
 import queue
@@ -39,6 +40,8 @@ from ragd.search.hybrid import MODES, PARTIAL_FUSION_FROM, Searcher
 from ragd.engines import download, models
 from ragd.server import AfterReply, OpError, Stream
 
+
+log = logging.getLogger("ragd.ops")
 
 ECHO_CHARS = 1000  # of a search's query echoed in its reply (query_chars: the whole length)
 
@@ -748,7 +751,8 @@ class Ops:
         from ragd.runtime import ReloadError  # late: runtime imports ops
         try:
             return self.reload()
-        except ReloadError as e:
+        except ReloadError as e:  # logged as a SIGHUP's is: the log says why nothing changed
+            log.error("reload: %s; going on with the config in force", e)
             raise OpError(P.BAD_CONFIG, f"reload: {e}; ragd goes on with the config in "
                           f"force") from None
 

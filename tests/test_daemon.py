@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import BM25_ONLY, ragctl
+from ragd import protocol as P
 
 PHRASE = "chrono library reads dates very flexibly"
 NOTE = "Queries/Filters.md"
@@ -134,6 +135,10 @@ def test_ragctl_errors_name_a_missing_config_and_are_json_with_json(make_daemon,
     assert r.returncode == 2 and r.stderr == f"ragctl: {missing}: config file not found\n"
     r = ragctl("status", env={**os.environ, "RAGD_CONFIG": str(missing)})
     assert r.returncode == 2 and "config file not found" in r.stderr
+    r = ragctl("--config", missing, "status", "--json")
+    assert r.returncode == 2 and json.loads(r.stderr)["error"] == "bad_config"
+    r = ragctl("--config", missing, "search", "", "--json")  # a wrong command line
+    assert r.returncode == 2 and json.loads(r.stderr)["error"] == "bad_args"
     with make_daemon() as d:
         r = ragctl("--config", d.config, "ask", "what is due", "-k", "0", "--json")
         assert r.returncode == 1 and r.stdout == ""
@@ -141,6 +146,22 @@ def test_ragctl_errors_name_a_missing_config_and_are_json_with_json(make_daemon,
         assert err["error"] == "bad_args" and "'k' must be between" in err["message"]
         r = ragctl("--config", d.config, "ask", "what is due", "-k", "0")
         assert r.stderr.startswith("ragctl: ask: 'k' must be between") and "(bad_args)" in r.stderr
+
+
+def test_a_refused_reload_is_logged_and_changes_nothing(make_daemon, tmp_path):
+    """ragctl reload with a bad config: an error reply, the daemon goes on with the config in
+    force, and its log says why (as it does for a SIGHUP)."""
+    with make_daemon() as d:
+        good = d.config.read_text()
+        d.config.write_text(good + "\n[search]\nnote_weight = -1\n")
+        with pytest.raises(P.DaemonError) as e:
+            d.call("reload")
+        assert e.value.code == "bad_config" and "note_weight" in e.value.message
+        assert d.call("ping")["pid"] == d.proc.pid
+        log = (tmp_path / "data" / "ragd.log").read_text()
+        assert "reload: " in log and "note_weight must be between 0 and 10" in log
+        d.config.write_text(good)
+        d.call("reload")
 
 
 def test_second_daemon_is_refused_with_pid(make_daemon, tmp_path):
