@@ -41,7 +41,6 @@ log = logging.getLogger("ragd.buffers")
 
 K1, B = 1.2, 0.75
 WEIGHTS = (bm25.HEADING_WEIGHT, bm25.KEYWORDS_WEIGHT, bm25.TEXT_WEIGHT)
-NOTE_WEIGHTS = tuple(float(w) for w in bm25.NOTE_WEIGHTS.split(","))
 CACHE = 4096  # buffer-embedded vectors kept (by text hash), across buffers
 
 
@@ -92,8 +91,7 @@ class BufferStore:
         self._ids = itertools.count(1)
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # embed_hash -> vector
         self._todo: OrderedDict[str, str] = OrderedDict()  # embed_hash -> text to embed
-        self._stats: tuple[float, int, float] | None = None  # (when, rows, avgdl)
-        self._note_stats: tuple[float, int, float] | None = None  # the same, of notes_fts
+        self._stats: dict[str, tuple[float, int, float]] = {}  # FTS table -> (when, rows, avgdl)
         self._stop = threading.Event()
         self.worker = Worker("buffers", self._run)
 
@@ -133,7 +131,7 @@ class BufferStore:
             row = store.file_row(db, src.name, rel)
             chunks = [self._bufchunk(db, r) for r in records]
             note_tf, note_length = _weighted(db, store.note_row(
-                [(r.heading, r.keywords, r.body) for r in records]), NOTE_WEIGHTS)
+                [(r.heading, r.keywords, r.body) for r in records]), bm25.NOTE_COLUMN_WEIGHTS)
             cached = self._cached(db, {c.record.embed_hash for c in chunks})
         text_hash = sources.content_hash(text.encode("utf-8", "surrogatepass"))
         buf = Buffer(session, src.name, rel, abspath, text, version, text_hash,
@@ -217,7 +215,7 @@ class BufferStore:
             return []
         parts = bm25.prune_common(db, parts, share)
         rows, avgdl = self._corpus(db)
-        terms = _terms(db, parts, rows, lambda p, _: bm25.doc_freq(db, p))
+        terms = _terms(db, parts, rows, lambda p: bm25.doc_freq(db, p))
         out = []
         for b in bufs:
             if allowed is not None and b.source not in allowed:
@@ -235,30 +233,14 @@ class BufferStore:
         note id (negative) -> score, for the buffers holding one."""
         if not parts or not bufs:
             return {}
-        rows, avgdl = self._note_corpus(db)
-        terms = _terms(db, parts, rows, lambda _, words: min(
-            (r[0] if r else 0) for r in (db.execute(
-                "SELECT doc FROM temp.notes_v WHERE term = ?", (w,)).fetchone() for w in words)))
+        rows, avgdl = self._corpus(db, "notes_fts")
+        terms = _terms(db, parts, rows, lambda p: bm25.doc_freqs(db, [p], "notes_v")[0])
         out = {}
         for b in bufs:
             score = _bm25(terms, b.note_tf, b.note_length, avgdl)
             if score > 0:
                 out[b.note_id] = score
         return out
-
-    def _note_corpus(self, db: sqlite3.Connection) -> tuple[int, float]:
-        """Notes of the index and their average length in tokens (refreshed each minute); and
-        this connection's views of the notes' vocabulary (temp.notes_v: per term, its notes)."""
-        bm25._prepare(db)
-        for kind, name in (("col", "notes_vc"), ("row", "notes_v")):
-            db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{name} USING "
-                       f"fts5vocab(main, notes_fts, {kind})")
-        now = time.monotonic()
-        if self._note_stats is None or now - self._note_stats[0] > 60:
-            total = db.execute("SELECT COALESCE(SUM(cnt), 0) FROM temp.notes_vc").fetchone()[0]
-            rows = db.execute("SELECT COUNT(*) FROM files WHERE chunks > 0").fetchone()[0]
-            self._note_stats = (now, rows, (total / rows) if rows else 1.0)
-        return self._note_stats[1], max(self._note_stats[2], 1.0)
 
     def vector_hits(self, qv: np.ndarray, bufs: list[Buffer],
                     allowed: set[str] | None) -> list[tuple[int, float]]:
@@ -300,18 +282,21 @@ class BufferStore:
         tf, length = _weighted(db, (r.heading, r.keywords, r.body), WEIGHTS)
         return BufChunk(-next(self._ids), r, tf, length, set(tf))
 
-    def _corpus(self, db: sqlite3.Connection) -> tuple[int, float]:
-        """Rows of the index and their average length in tokens (refreshed each minute)."""
+    def _corpus(self, db: sqlite3.Connection, table: str = "chunks_fts") -> tuple[int, float]:
+        """Rows of an FTS table of the index (chunks_fts; notes_fts: a row per note with
+        chunks) and their average length in tokens (refreshed each minute)."""
         now = time.monotonic()
-        if self._stats is None or now - self._stats[0] > 60:
+        stats = self._stats.get(table)
+        if stats is None or now - stats[0] > 60:
             bm25._prepare(db)
-            db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunks_vc USING "
-                       "fts5vocab(main, chunks_fts, col)")
-            total = db.execute("SELECT COALESCE(SUM(cnt), 0) FROM temp.chunks_vc").fetchone()[0]
-            rows = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'"
-                              ).fetchone()[0]
-            self._stats = (now, rows, (total / rows) if rows else 1.0)
-        return self._stats[1], max(self._stats[2], 1.0)
+            db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{table}_vc USING "
+                       f"fts5vocab(main, {table}, col)")
+            total = db.execute(f"SELECT COALESCE(SUM(cnt), 0) FROM temp.{table}_vc"
+                               ).fetchone()[0]
+            rows = bm25.chunk_rows(db) if table == "chunks_fts" else db.execute(
+                "SELECT COUNT(*) FROM files WHERE chunks > 0").fetchone()[0]
+            stats = self._stats[table] = (now, rows, (total / rows) if rows else 1.0)
+        return stats[1], max(stats[2], 1.0)
 
     def _cached(self, db: sqlite3.Connection, hashes: set[str]) -> dict[str, np.ndarray]:
         space = self.vectors.active
@@ -392,12 +377,12 @@ def _counts(db: sqlite3.Connection, text: str) -> dict[str, int]:
 
 def _terms(db: sqlite3.Connection, parts: list[str], rows: int,
            df_of) -> list[tuple[list[str], float]]:
-    """Each query part's stems and IDF over `rows` rows (df_of(part, stems): its rows)."""
+    """Each query part's stems and IDF over `rows` rows (df_of(part): its rows)."""
     out = []
     for p in parts:
         words = _stems(db, p.strip('"'))
         if words:
-            out.append((words, _idf(rows, df_of(p, words))))
+            out.append((words, _idf(rows, df_of(p))))
     return out
 
 

@@ -90,12 +90,12 @@ def _prepare(db: sqlite3.Connection) -> None:
 
 def doc_freq(db: sqlite3.Connection, phrase: str) -> int:
     """Rows of the index containing the rarest token of the phrase (as the index tokenizes)."""
-    _prepare(db)
-    db.execute("DELETE FROM temp.stem_q")
-    db.execute("INSERT INTO temp.stem_q (x) VALUES (?)", (phrase.strip('"'),))
-    counts = [db.execute("SELECT doc FROM temp.chunks_v WHERE term = ?", (t,)).fetchone()
-              for (t,) in db.execute("SELECT term FROM temp.stem_v").fetchall()]
-    return min((c[0] if c else 0) for c in counts) if counts else 0
+    return doc_freqs(db, [phrase])[0]
+
+
+def chunk_rows(db: sqlite3.Connection) -> int:
+    """Chunks in the index (kept by triggers: store.m005; no counting)."""
+    return db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'").fetchone()[0]
 
 
 def doc_freqs(db: sqlite3.Connection, phrases: list[str], vocab: str = "chunks_v") -> list[int]:
@@ -179,7 +179,8 @@ def search(db: sqlite3.Connection, query: str, limit: int,
 
 
 # Weights of notes_fts's columns (title, aliases and tags, headings, body), as the chunks'.
-NOTE_WEIGHTS = f"{HEADING_WEIGHT}, {KEYWORDS_WEIGHT}, {HEADING_WEIGHT}, {TEXT_WEIGHT}"
+NOTE_COLUMN_WEIGHTS = (HEADING_WEIGHT, KEYWORDS_WEIGHT, HEADING_WEIGHT, TEXT_WEIGHT)
+NOTE_WEIGHTS = ", ".join(map(str, NOTE_COLUMN_WEIGHTS))
 
 
 # The note-level BM25 keeps only the query words found in at most this share of the chunks: its
@@ -207,7 +208,7 @@ def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> l
     signs = list(dict.fromkeys(symbols(query)))
     if not parts and not signs:
         return []
-    rows = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'").fetchone()[0]
+    rows = chunk_rows(db)
     counts = ([dfs[p] for p in parts] if dfs is not None and all(p in dfs for p in parts)
               else doc_freqs(db, parts))
     # a symbol: the chunks holding it as tantivy counts them (unknown to FTS5: 0)

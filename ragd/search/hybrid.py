@@ -213,12 +213,8 @@ class Searcher:
         group "note" the reranker sees the best chunk of each of the top notes, and the
         fields hold `note_evidence` (note_evidence, for notes.group). text_view: what
         TextIndex.view gave for this snapshot (the tantivy searcher, or why not)."""
-        ranked, info = self._run(db, query, k, mode, filters, rerank, group, text_view)
-        info.pop("dfs", None)  # the query words' chunk counts, shared by the BM25 stages
-        return ranked, info
-
-    def _run(self, db, query, k, mode, filters, rerank, group, text_view):
         filters = filters or Filters()
+        dfs: dict = {}  # the query words' chunk counts: the chunk ranking's, for the notes
         timings: dict[str, float] = {}
         bufs = self.buffers.active() if self.buffers is not None else []
         if bufs:  # the buffers stand in for their files
@@ -259,7 +255,7 @@ class Searcher:
             prune = (bm25.HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
                      else bm25.COMMON_SHARE)
             signed = self._bm25_ranking(db, query, n, filters, files, bufs, lists, parts, info,
-                                        view, text_view, prune)
+                                        view, text_view, prune, dfs)
         query_vector = None
         if mode in ("hybrid", "vector"):
             got = self._vector_ranking(db, embedding, n, files, lists, parts, info, view, bufs)
@@ -271,11 +267,11 @@ class Searcher:
                 info["requested_mode"] = mode
                 if mode == "vector":
                     signed = self._bm25_ranking(db, query, n, filters, files, bufs, lists, parts,
-                                                info, view, text_view)
+                                                info, view, text_view, dfs=dfs)
                 mode = info["mode"] = "bm25"
         elif mode == "bm25":
             signed = self._bm25_ranking(db, query, n, filters, files, bufs, lists, parts, info,
-                                        view, text_view)
+                                        view, text_view, dfs=dfs)
         t = time.perf_counter()
 
         if not self._anything_relevant(db, query, mode, filters, lists, info, signed):
@@ -339,7 +335,7 @@ class Searcher:
                 weight = 0.0
             if weight > 0:
                 t = time.perf_counter()
-                info["note_evidence"] = note_evidence(db, query, weight, info.get("dfs"),
+                info["note_evidence"] = note_evidence(db, query, weight, dfs,
                                                       self.buffers, bufs, filters.exclude_files)
                 timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         return ranked, info
@@ -415,17 +411,18 @@ class Searcher:
     @staticmethod
     def _coverage(db, vectors) -> float:
         """The share of the index's chunks these vectors cover (1.0 for an empty index)."""
-        total = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'"
-                           ).fetchone()[0]
+        total = bm25.chunk_rows(db)
         return min(1.0, len(vectors) / total) if total else 1.0
 
     def _bm25_ranking(self, db, query, n, filters, files, bufs, lists, parts, info, view,
-                      text_view, share: float = bm25.COMMON_SHARE) -> bool:
+                      text_view, share: float = bm25.COMMON_SHARE, dfs: dict | None = None
+                      ) -> bool:
         """Fill lists['bm25']: from the Milvus collection `view` when given, else from the
         tantivy searcher of text_view when it holds this snapshot, else FTS5 (dropping query
         words in over `share` of the rows); `files`: the file ids the filters let through (None:
-        every file). Returns whether a chunk holds a symbol of the query (only tantivy indexes
-        them: bm25.symbols)."""
+        every file); `dfs` gets the query words' chunk counts (tantivy and FTS5 read them).
+        Returns whether a chunk holds a symbol of the query (only tantivy indexes them:
+        bm25.symbols)."""
         signed = False
         t = time.perf_counter()
         hits = None
@@ -440,8 +437,7 @@ class Searcher:
                 why = "fts5 (unsaved editor buffers are searched)"
             elif searcher is not None:
                 try:
-                    hits = self.text.search(searcher, db, query, n, share, files,
-                                            info.setdefault("dfs", {}))
+                    hits = self.text.search(searcher, db, query, n, share, files, dfs)
                     signs = bm25.symbols(query)
                     signed = bool(hits and signs and self.text.holds_any(searcher, signs, files))
                 except Exception as e:  # tantivy failing: FTS5 answers, said so
@@ -449,7 +445,7 @@ class Searcher:
             info["bm25_index"] = why
         if hits is None:
             hits = [(h.chunk_id, h.score) for h in bm25.search(
-                db, query, n, filters, share, info.setdefault("dfs", {}))]
+                db, query, n, filters, share, dfs)]
         if bufs:
             hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None, share),
                           key=lambda h: -h[1])[:n]

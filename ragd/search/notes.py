@@ -125,7 +125,7 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
     words += signs
     if not words or not notes:
         return None if not words else 0.0
-    rows = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'chunks'").fetchone()[0]
+    rows = bm25.chunk_rows(db)
     weights = {}
     for i, w in enumerate(words):
         if stems is not None:
