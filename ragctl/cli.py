@@ -452,6 +452,9 @@ def do_search(args) -> int:
                 print(f"    {n:>5}: {_mark(_excerpt(_one_line(text), terms), terms, color)}")
             if args.explain:
                 print(f"    why: {_explain(r['scores'], res.get('weights'))}")
+        if args.explain and res.get("cut_below_threshold"):
+            print(f"({res['cut_below_threshold']} chunks found by meaning alone were left out: "
+                  f"their similarity is below the threshold)")
         if args.explain and res.get("feedback"):
             print(f"(vector ranks are of the query moved towards the first fusion's "
                   f"{res['feedback']['chunks']} best chunks, weight "

@@ -55,6 +55,16 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind)
         assert vec["mode"] == "vector" and all(  # the vector score (and rank) only
             set(r["scores"]) == {"vector", "vector_rank", "note"} for r in vec["results"])
         assert 0 < vec["results"][-1]["score"] <= vec["results"][0]["score"] <= 1.0
+        # What only the vectors found below the similarity threshold (MiniLM's 0.30) is cut
+        # from the list, in both modes; a BM25 hit stays whatever its cosine.
+        for mode in ("vector", "hybrid"):
+            res = d.call("search", query="make a task repeat on a schedule", k=60, mode=mode,
+                         group="chunk")
+            assert res["cut_below_threshold"] > 0 and res["results"], mode
+            assert all("bm25" in r["scores"] or r["scores"]["vector"] >= 0.30
+                       for r in res["results"]), mode
+            if mode == "hybrid":
+                assert any(r["scores"].get("vector", 1.0) < 0.30 for r in res["results"])
         # A distinctive note wins on meaning alone.
         hit = d.call("search", query="styling the buttons of tasks with CSS", k=3,
                      mode="vector")["results"]

@@ -309,13 +309,18 @@ class Searcher:
                 info["fusion"] = "rrf"
                 fused = partial_rrf(lists, self.cfg.rrf_k, weights, coverage, unembedded)
                 key = "rrf"
+            if "vector" in lists:
+                self._cut_weak_tail(fused, parts, info)
             for cid, s in fused.items() if key else ():
                 parts[cid][key] = round(s, 6)
             order = sorted(fused, key=lambda c: -fused[c])
             ranked = [Candidate(c, fused[c], parts[c]) for c in order]
         else:
             key = "vector" if mode == "vector" else "bm25"
-            ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists.get(key, [])]
+            kept = {c: parts[c][key] for c in lists.get(key, [])}
+            if mode == "vector" and not info.get("below_threshold"):
+                self._cut_weak_tail(kept, parts, info)
+            ranked = [Candidate(c, s, parts[c]) for c, s in kept.items()]
 
         timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if rerank is None:  # the default: rerank when a reranker is configured
@@ -365,6 +370,21 @@ class Searcher:
         elif mode == "bm25" and not keywords:
             return self._nothing(info)
         return True
+
+    def _cut_weak_tail(self, ranked: dict[int, float], parts: dict[int, dict],
+                       info: dict) -> None:
+        """Drop from `ranked` the chunks found by meaning alone (no BM25 hit) whose cosine is
+        below the similarity threshold: by the threshold's own measure they are not relevant.
+        A query whose best chunk passes it kept them all, so a word found in one note came
+        back with nine notes of similarity 0.25 after it (a fresh-user walk). Dev set and
+        SciFact train figures unchanged: no answer was among them."""
+        floor = self.threshold()
+        weak = [c for c in ranked
+                if "bm25" not in parts[c] and parts[c].get("vector", floor) < floor]
+        for c in weak:
+            del ranked[c]
+        if weak:
+            info["cut_below_threshold"] = len(weak)
 
     def _nothing(self, info: dict) -> bool:
         info["nothing_relevant"] = True
