@@ -278,8 +278,9 @@ def do_reload(args) -> int:
     def human(r):
         print(f"reloaded {r['config'] or 'the built-in defaults'}")
         for key, label in (("added", "sources added"), ("removed", "sources removed (purged)"),
+                           ("moved", "sources moved (listed again at their new path)"),
                            ("changed", "sources changed (re-read)")):
-            if r[key]:
+            if r.get(key):
                 print(f"  {label}: {', '.join(r[key])}")
         if r.get("applied"):
             print(f"  settings applied: {', '.join(r['applied'])}")

@@ -239,9 +239,12 @@ class Runtime:
                                                                  new.chunk_overlap)
             old = {s.name: s for s in cfg.sources}
             now = {s.name: s for s in new.sources}
-            removed = [n for n in old if n not in now or old[n].root != now[n].root]
-            added = [n for n in now if n not in old or old[n].root != now[n].root]
-            changed = [n for n in now if n in old and n not in added and old[n] != now[n]]
+            removed = [n for n in old if n not in now]
+            added = [n for n in now if n not in old]
+            # a source whose folder moved: its files are listed again there (a file found
+            # unchanged at the same relative path is kept, vectors and all)
+            moved = [n for n in now if n in old and old[n].root != now[n].root]
+            changed = [n for n in now if n in old and n not in moved and old[n] != now[n]]
             applied = [f for f in LIVE if getattr(cfg, f) != getattr(new, f)]
             for field in LIVE:
                 setattr(cfg, field, getattr(new, field))
@@ -257,24 +260,25 @@ class Runtime:
                 self.watcher.quiet = cfg.watch_quiet_ms / 1000
                 self.watcher.scan_interval = cfg.scan_interval
                 self.watcher.unwatched_scan_interval = cfg.unwatched_scan_interval
-                for name in removed + changed:
+                for name in removed + moved + changed:
                     self.watcher.remove_source(name)
-                for name in added + changed:
+                for name in added + moved + changed:
                     self.watcher.add_source(now[name])
             if removed:
                 self._forget_unconfigured()
-            for name in added:
+            for name in added + moved:
                 self.indexer.request_scan(name)
             for name in changed:  # rules or kind changed: read every file again
                 self.indexer.request_scan(name, force=True)
             if rechunk:
                 self.indexer.request_scan(force=True)
             result = {"config": str(cfg.path) if cfg.path else None, "added": added,
-                      "removed": removed, "changed": changed, "rechunk": rechunk,
+                      "removed": removed, "moved": moved, "changed": changed,
+                      "rechunk": rechunk,
                       "applied": applied, "restart_needed": restart, "embedding": model_note}
-            log.info("reloaded %s: sources added %s, removed %s, changed %s%s%s%s",
+            log.info("reloaded %s: sources added %s, removed %s, moved %s, changed %s%s%s%s",
                      cfg.path or "built-in defaults", added or "none", removed or "none",
-                     changed or "none", f"; applied {', '.join(applied)}" if applied else "",
+                     moved or "none", changed or "none", f"; applied {', '.join(applied)}" if applied else "",
                      "; re-chunking every file" if rechunk else "",
                      f"; a restart is needed for {', '.join(restart)}" if restart else "")
             return result

@@ -142,6 +142,18 @@ def test_a_renamed_source_embeds_nothing_again(tmp_path):
         assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
         res = d.call("search", query="make a task repeat", mode="hybrid")
         assert {r["source"] for r in res["results"]} == {"b"}
+        # the folder moved, and the config with it: a move, not a purge and a new source
+        moved = tmp_path / "Moved notes"
+        os.rename(notes, moved)
+        cfg.write_text(cfg.read_text().replace(str(notes), str(moved)))
+        r = d.call("reload")
+        assert r["moved"] == ["b"] and r["added"] == [] and r["removed"] == []
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["embedded_texts"] == first
+        assert st["sources"][0]["path"] == str(moved) and st["totals"]["files_removed"] == 0
+        res = d.call("search", query="make a task repeat", mode="hybrid")
+        assert res["results"] and all(r["path"].startswith(str(moved) + os.sep)
+                                      for r in res["results"])
 
 
 def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_path):

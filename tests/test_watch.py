@@ -258,7 +258,8 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
     for name in ("a", "b", "c"):
         (root / f"{name}.md").write_text(f"# {name}\n\nNote {name} about lemurs.\n")
     d = make_daemon(sources=[{"name": "n", "path": str(root)}],
-                    extra='[embedding]\nmodel = ""\n[watch]\nquiet_ms = 50\n')
+                    extra='[embedding]\nmodel = ""\n[watch]\nquiet_ms = 50\n'
+                          'unwatched_scan_interval = 1\n')
     with d:
         d.wait_idle()
         with d.client(timeout=20) as c:
@@ -280,19 +281,33 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
             os.remove(root / "moved.md")
             assert next_event("removed")["path"] == str(root / "moved.md")
 
-            # the whole folder vanishes (an unmounted disk): its files are kept and flagged
+            # the whole folder moves away (a renamed folder, an unmounted disk): the watcher
+            # sees it (inotify follows the folder, silently), its files are kept and flagged
             os.rename(root, tmp_path / "away")
-            d.call("reindex")
             e = next_event("error")
             assert "is missing; its files are kept" in e["message"]
         st = d.wait_idle()
-        assert st["sources"][0]["files"] == 3 and "is missing" in st["sources"][0]["last_error"]
+        src = st["sources"][0]
+        assert src["files"] == 3 and "is missing" in src["last_error"]
+        assert src["watched"] is False and "is gone" in src["watch_error"]
         assert d.call("search", query="lemurs", k=5)["results"]
+        # an edit made meanwhile, in the folder where it went, is not taken for the source's
+        (tmp_path / "away" / "a.md").write_text("# a\n\nNote a about tapirs now.\n")
+        time.sleep(2.5)  # two more looks at the folder: said once, not at each
+        assert d.call("search", query="tapirs", k=5, mode="bm25")["results"] == []
         os.rename(tmp_path / "away", root)
-        d.call("reindex")
+        deadline = time.monotonic() + 15
+        while not (src := d.call("status")["sources"][0])["watched"]:
+            assert time.monotonic() < deadline, src
+            time.sleep(0.1)
+        assert find(d, "tapirs")  # the scan on its return read the edit
+        (root / "d.md").write_text("# d\n\nNote d about okapis.\n")
+        assert find(d, "okapis", timeout=5)
         st = d.wait_idle()
-        assert st["sources"][0]["files"] == 3 and st["sources"][0]["last_error"] is None
+        assert st["sources"][0]["files"] == 4 and st["sources"][0]["last_error"] is None
         assert st["totals"]["files_removed"] == 1  # only moved.md, ever
+    log = d.log.read_text()
+    assert log.count("is gone (moved") == 1 and log.count("is missing; its files are kept") == 1
 
 
 def converge(d, files: int, timeout: float = 60.0) -> dict:

@@ -389,10 +389,12 @@ class Indexer:
         t0 = time.monotonic()
         if not src.root.is_dir():
             # An unmounted disk or a renamed folder is not "every file deleted".
-            state.last_error = f"source folder {src.root} is missing; its files are kept"
-            log.warning("source %s: %s", name, state.last_error)
-            if self.events is not None:
-                self.events.publish("error", source=name, message=state.last_error)
+            missing = f"source folder {src.root} is missing; its files are kept"
+            if state.last_error != missing:  # said once, not at each scan while it lasts
+                state.last_error = missing
+                log.warning("source %s: %s", name, missing)
+                if self.events is not None:
+                    self.events.publish("error", source=name, message=missing)
             return
         if state.last_error and "is missing" in state.last_error:
             state.last_error = None  # it is back

@@ -20,10 +20,17 @@ Three ways inotify loses events, and what is done about each:
   watches its process holds (``/proc/self/fdinfo``); a source not fully watched is reported with
   the sysctl to raise and is scanned every ``watch.unwatched_scan_interval`` seconds instead;
   once its folders can be watched again (the limit was raised), it is watched afresh.
+
+And one way the watch itself goes astray: a source's folder moved away (renamed, its disk
+unmounted) takes its inotify watch along, with events under the old path, and watchdog says
+nothing. Every ``watch.unwatched_scan_interval`` seconds each source's folder is looked up (one
+stat): gone, the source is unwatched and reported, its files kept; back, it is watched afresh and
+scanned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -174,6 +181,10 @@ class Watcher:
         self._limited: set[str] = set()  # sources missing watches (the limit): scanned often
         self._watches: dict = {}  # source -> watchdog's ObservedWatch
         self._strays: set[str] = set()  # sources last found with watchable folders unwatched
+        # each watched source's folder as it was when watched (st_dev, st_ino): a folder moved
+        # away takes its inotify watch along, silently (see _check_roots)
+        self._roots: dict[str, tuple[int, int]] = {}
+        self._gone: set[str] = set()  # sources whose folder is gone: watched when it is back
         self._spy = _OverflowSpy(self)
         self._burst: dict[str, int] = {}  # source -> paths flushed in its current burst
         self.last_event: dict[str, float] = {}
@@ -203,8 +214,45 @@ class Watcher:
         self.checker.start()
 
     def _schedule(self, s: Source) -> None:
+        st = os.stat(s.root)
         self._watches[s.name] = self.observer.schedule(
             _Handler(self, s), str(s.root), recursive=True, event_filter=WANTED_EVENTS)
+        self._roots[s.name] = (st.st_dev, st.st_ino)
+
+    def _check_roots(self) -> None:
+        """Each source's folder still where it was? inotify follows a folder moved away (its
+        events keep the old path) and watchdog says nothing of it; a folder deleted ends its
+        watch. Gone: the source is unwatched and reported, its files kept (the indexer's scan
+        says so). Back, or another folder in its place: it is watched afresh and scanned."""
+        for s in list(self.sources):
+            try:
+                st = os.stat(s.root)
+                here = (st.st_dev, st.st_ino) if os.path.isdir(s.root) else None
+            except OSError:
+                here = None
+            if s.name in self._gone:
+                if here is not None:
+                    self._gone.discard(s.name)
+                    self._rewatch(s)
+                continue
+            was = self._roots.get(s.name)
+            if was is None or here == was:
+                continue  # (not watched for another reason: the checks above handle it)
+            if here is not None:  # another folder at its path (re-cloned, restored)
+                self._rewatch(s)
+                continue
+            self._gone.add(s.name)
+            self._roots.pop(s.name, None)
+            watch = self._watches.pop(s.name, None)
+            if watch is not None:
+                with contextlib.suppress(KeyError, OSError, RuntimeError):
+                    self.observer.unschedule(watch)
+            why = (f"its folder {s.root} is gone (moved, deleted or unmounted): its files are "
+                   f"kept, and it is watched again once the folder is back (looked for every "
+                   f"{self.unwatched_scan_interval:g} s)")
+            self.errors[s.name] = why
+            log.warning("source %s: %s", s.name, why)
+            self.indexer.request_scan(s.name)
 
     def _rewatch(self, s: Source) -> None:
         """Watch a source afresh (watchdog does not retry a folder it once failed to watch):
@@ -247,6 +295,8 @@ class Watcher:
         self.errors.pop(name, None)
         self._limited.discard(name)
         self._strays.discard(name)
+        self._roots.pop(name, None)
+        self._gone.discard(name)
         with self._lock:
             self._due = {k: v for k, v in self._due.items() if k[0] != name}
             self._seen = {k: v for k, v in self._seen.items() if k[0] != name}
@@ -493,7 +543,7 @@ class Watcher:
         while not self._stop.is_set():
             with self._check_cv:
                 now = time.monotonic()
-                due = [next_scan] + ([next_unwatched] if self.errors else [])
+                due = [next_scan, next_unwatched]  # (a stat of each source's folder)
                 if self._check_at is not None:
                     due.append(self._check_at)
                 if min(due) > now:
@@ -507,6 +557,7 @@ class Watcher:
                 next_scan = now + self.scan_interval
                 check = True
             if now >= next_unwatched:
+                self.check_roots()
                 if self.errors:
                     for name in sorted(self.errors):  # not (fully) watched
                         self.indexer.request_scan(name)
@@ -529,6 +580,12 @@ class Watcher:
             except OSError as e:
                 self._unwatched(s, e)
         self.indexer.request_scan()
+
+    def check_roots(self) -> None:
+        try:
+            self._check_roots()
+        except Exception:  # a check must never stop the checker
+            log.exception("checking the sources' folders")
 
     def check_watches(self) -> None:
         try:
