@@ -416,7 +416,9 @@ def _source(where: str, i: int, s: Any) -> Source:
             if not isinstance(g, str) or not g:
                 raise ConfigError(f"{where}: {label}.{key} must be a list of glob strings, "
                                   f"got {g!r}")
-    root = _existing_dir(where, f"{label}.path", s["path"])
+    # a folder that is not there (yet) is not an error: an unmounted disk at login must not
+    # stop the daemon; the watcher reports the source and watches it once the folder exists
+    root = _existing_dir(where, f"{label}.path", s["path"], missing_ok=True)
     return Source(name=name, root=root, kind=kind, include=tuple(include), exclude=tuple(exclude))
 
 
@@ -436,11 +438,13 @@ def _existing_file(where: str, key: str, value: str) -> Path:
     return path
 
 
-def _existing_dir(where: str, key: str, value: str) -> Path:
+def _existing_dir(where: str, key: str, value: str, missing_ok: bool = False) -> Path:
     root = Path(value).expanduser()
     if not root.is_absolute():
         raise ConfigError(f"{where}: {key}: {value!r} must be an absolute path (or start with ~)")
     if not root.exists():
+        if missing_ok:
+            return root.resolve()
         raise ConfigError(f"{where}: {key}: folder {root} does not exist")
     if not root.is_dir():
         raise ConfigError(f"{where}: {key}: {root} is not a folder")

@@ -79,8 +79,6 @@ def test_default_paths(tmp_path):
     ("[search]\nvector_share = 1.5\n", "search.vector_share must be between 0 and 1, got 1.5"),
     ("[store]\nbackend = 'qdrant'\n", "store.backend must be one of sqlite, milvus"),
     ("[store]\ncollection = 'my notes'\n", "store.collection must be letters"),
-    ("[[sources]]\nname = 'n'\npath = '/definitely/not/here'\n",
-     "sources[0].path: folder /definitely/not/here does not exist"),
     ("[[sources]]\nname = 'n'\n", "sources[0] needs a 'path'"),
     ("[[sources]]\nname = 'n'\npath = '/tmp'\nkind = 'vault'\n", "sources[0].kind must be one of"),
     ("[[sources]]\nname = 'n'\npath = '/tmp'\nincludes = []\n", "unknown key 'sources[0].includes'"),
@@ -104,11 +102,30 @@ def test_config_errors_name_the_key_and_the_file(tmp_path, text, needle):
 
 def test_ragd_exits_with_the_error_at_startup(tmp_path):
     f = tmp_path / "config.toml"
+    (tmp_path / "notes").mkdir()
     f.write_text(f"[daemon]\ndata_dir = '{tmp_path}/d'\n[[sources]]\nname = 'notes'\n"
-                 f"path = '{tmp_path}/missing'\n")
+                 f"path = '{tmp_path}/notes'\nkind = 'vault'\n")
     r = subprocess.run([sys.executable, "-m", "ragd", "--config", str(f)], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"ragd: config error: {f}: sources[0].path: folder "
-                                f"{tmp_path}/missing does not exist")
+    assert r.stderr.strip() == (f"ragd: config error: {f}: sources[0].kind must be one of "
+                                f"{', '.join(config.SOURCE_KINDS)}, got 'vault'")
     assert not (tmp_path / "d").exists()  # nothing was created
+
+
+def test_a_source_folder_that_is_not_there_is_not_a_config_error(tmp_path):
+    """An unmounted disk at login must not stop the daemon (the watcher reports the source
+    and watches it once the folder exists: tests/test_watch.py); a --source given on the
+    command line must exist."""
+    f = tmp_path / "config.toml"
+    f.write_text(f"[[sources]]\nname = 'n'\npath = '{tmp_path}/later'\n")
+    cfg = config.load(f, env={"XDG_DATA_HOME": str(tmp_path)})
+    assert cfg.sources[0].root == tmp_path / "later"
+    (tmp_path / "file").write_text("")
+    f.write_text(f"[[sources]]\nname = 'n'\npath = '{tmp_path}/file'\n")
+    with pytest.raises(config.ConfigError, match="is not a folder"):
+        config.load(f, env={"XDG_DATA_HOME": str(tmp_path)})
+    f.write_text("")
+    with pytest.raises(config.ConfigError, match="does not exist"):
+        config.load(f, env={"XDG_DATA_HOME": str(tmp_path)},
+                    extra_sources=[str(tmp_path / "later")])

@@ -289,7 +289,7 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
         st = d.wait_idle()
         src = st["sources"][0]
         assert src["files"] == 3 and "is missing" in src["last_error"]
-        assert src["watched"] is False and "is gone" in src["watch_error"]
+        assert src["watched"] is False and "is not there" in src["watch_error"]
         assert d.call("search", query="lemurs", k=5)["results"]
         # an edit made meanwhile, in the folder where it went, is not taken for the source's
         (tmp_path / "away" / "a.md").write_text("# a\n\nNote a about tapirs now.\n")
@@ -307,7 +307,41 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
         assert st["sources"][0]["files"] == 4 and st["sources"][0]["last_error"] is None
         assert st["totals"]["files_removed"] == 1  # only moved.md, ever
     log = d.log.read_text()
-    assert log.count("is gone (moved") == 1 and log.count("is missing; its files are kept") == 1
+    assert log.count("is not there (moved") == 1 and log.count("is missing; its files are kept") == 1
+
+
+def test_a_source_whose_folder_is_not_there_yet_is_watched_once_it_is(make_daemon, tmp_path):
+    """A vault on a disk not mounted at login: the daemon starts anyway, serves the other
+    sources, reports this one, and takes it up once the folder exists."""
+    here, later = tmp_path / "here", tmp_path / "disk" / "vault"
+    here.mkdir()
+    (here / "a.md").write_text("# A\n\nNote about lemurs.\n")
+    d = make_daemon(sources=[{"name": "here", "path": str(here)},
+                             {"name": "disk", "path": str(later)}],
+                    extra='[embedding]\nmodel = ""\n[watch]\nunwatched_scan_interval = 1\n')
+    with d:
+        st = d.wait_idle()
+        disk = next(s for s in st["sources"] if s["name"] == "disk")
+        assert disk["watched"] is False and "is not there" in disk["watch_error"]
+        assert disk["files"] == 0 and "is missing" in disk["last_error"]
+        assert d.call("search", query="lemurs", k=5)["results"]
+        later.mkdir(parents=True)
+        (later / "b.md").write_text("# B\n\nNote about okapis.\n")
+        hit = find(d, "okapis")
+        assert hit and hit[0]["source"] == "disk"
+        (later / "c.md").write_text("# C\n\nNote about tapirs.\n")
+        assert find(d, "tapirs", timeout=5)
+        disk = next(s for s in d.call("status")["sources"] if s["name"] == "disk")
+        assert disk["watched"] is True and disk["last_error"] is None
+        # another folder put in its place (restored, cloned again): what it holds is the source
+        os.rename(later, tmp_path / "disk" / "old")
+        later.mkdir()
+        (later / "w.md").write_text("# W\n\nNote about wombats.\n")
+        assert find(d, "wombats", timeout=10) and gone(d, "okapis", timeout=10)
+        (later / "x.md").write_text("# X\n\nNote about quolls.\n")
+        assert find(d, "quolls", timeout=5)
+    log = d.log.read_text()
+    assert "Traceback" not in log and log.count("watching it afresh") in (2, 3)
 
 
 def converge(d, files: int, timeout: float = 60.0) -> dict:

@@ -206,12 +206,33 @@ class Watcher:
         logging.getLogger(OVERFLOW_LOGGER).addHandler(self._spy)
         self.observer.start()  # before any watch, so that a source that cannot be watched
         for s in self.sources:  # fails alone, at its own schedule()
-            try:
-                self._schedule(s)
-            except OSError as e:
-                self._unwatched(s, e)
+            self._watch(s)
         self.flusher.start()
         self.checker.start()
+
+    def _watch(self, s: Source) -> None:
+        """Watch a source; say why not when it cannot be."""
+        try:
+            self._schedule(s)
+        except FileNotFoundError:
+            self._lost(s)
+        except OSError as e:
+            if not os.path.isdir(s.root):
+                self._lost(s)
+            else:
+                self._unwatched(s, e)
+
+    def _lost(self, s: Source) -> None:
+        """The source's folder is not there: reported, its indexed files kept, and watched
+        once it exists (_check_roots)."""
+        self._gone.add(s.name)
+        self._roots.pop(s.name, None)
+        why = (f"its folder {s.root} is not there (moved, deleted, not mounted, or mistyped): "
+               f"its indexed files are kept, and it is watched once the folder exists "
+               f"(looked for every {self.unwatched_scan_interval:g} s)")
+        if self.errors.get(s.name) != why:
+            self.errors[s.name] = why
+            log.warning("source %s: %s", s.name, why)
 
     def _schedule(self, s: Source) -> None:
         st = os.stat(s.root)
@@ -233,28 +254,22 @@ class Watcher:
             if s.name in self._gone:
                 if here is not None:
                     self._gone.discard(s.name)
-                    self._rewatch(s)
+                    self._rewatch(s, f"its folder {s.root} is there")
                 continue
             was = self._roots.get(s.name)
             if was is None or here == was:
                 continue  # (not watched for another reason: the checks above handle it)
             if here is not None:  # another folder at its path (re-cloned, restored)
-                self._rewatch(s)
+                self._rewatch(s, f"another folder is at {s.root}")
                 continue
-            self._gone.add(s.name)
-            self._roots.pop(s.name, None)
             watch = self._watches.pop(s.name, None)
             if watch is not None:
                 with contextlib.suppress(KeyError, OSError, RuntimeError):
                     self.observer.unschedule(watch)
-            why = (f"its folder {s.root} is gone (moved, deleted or unmounted): its files are "
-                   f"kept, and it is watched again once the folder is back (looked for every "
-                   f"{self.unwatched_scan_interval:g} s)")
-            self.errors[s.name] = why
-            log.warning("source %s: %s", s.name, why)
+            self._lost(s)
             self.indexer.request_scan(s.name)
 
-    def _rewatch(self, s: Source) -> None:
+    def _rewatch(self, s: Source, why: str = "its folders can be watched now") -> None:
         """Watch a source afresh (watchdog does not retry a folder it once failed to watch):
         after the watch limit was raised. What happened meanwhile is caught by a scan."""
         old = self._watches.pop(s.name, None)
@@ -268,7 +283,7 @@ class Watcher:
         self._limited.discard(s.name)
         self.errors.pop(s.name, None)
         self._strays.discard(s.name)
-        log.info("source %s: its folders can be watched now; watching it afresh", s.name)
+        log.info("source %s: %s; watching it afresh", s.name, why)
         self.indexer.request_scan(s.name)
         self._check_in(2.0)
 
@@ -276,10 +291,7 @@ class Watcher:
         """Watch a source added by a reload (or changed: removed first)."""
         self.sources = [x for x in self.sources if x.name != s.name] + [s]
         self.rules[s.name] = Rules(s)
-        try:
-            self._schedule(s)
-        except OSError as e:
-            self._unwatched(s, e)
+        self._watch(s)
         self._check_in(2.0)
 
     def remove_source(self, name: str) -> None:
@@ -575,10 +587,7 @@ class Watcher:
         self._watches.clear()
         self.observer.start()
         for s in self.sources:
-            try:
-                self._schedule(s)
-            except OSError as e:
-                self._unwatched(s, e)
+            self._watch(s)
         self.indexer.request_scan()
 
     def check_roots(self) -> None:
