@@ -278,7 +278,8 @@ class Runtime:
                       "applied": applied, "restart_needed": restart, "embedding": model_note}
             log.info("reloaded %s: sources added %s, removed %s, moved %s, changed %s%s%s%s",
                      cfg.path or "built-in defaults", added or "none", removed or "none",
-                     moved or "none", changed or "none", f"; applied {', '.join(applied)}" if applied else "",
+                     moved or "none", changed or "none",
+                     f"; applied {', '.join(applied)}" if applied else "",
                      "; re-chunking every file" if rechunk else "",
                      f"; a restart is needed for {', '.join(restart)}" if restart else "")
             return result

@@ -189,7 +189,9 @@ def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon,
     root = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
                     extra=engine_config(extra="[search]\ncandidates = 300\nfeedback_chunks = 0\n"
-                                              "fusion = \"rrf\"\n"))  # the first fusion's
+                                              "fusion = \"rrf\"\n"  # the first fusion's
+                                              # every candidate in the reply: none cut
+                                              "min_similarity = 0\n"))
     query = "I'd like done items to disappear from the list once they are ticked"
     with d:
         wait_embedded(d)
@@ -239,7 +241,9 @@ def test_convex_fusion_is_the_scaled_scores_mixed(make_daemon, tmp_path):
     reload) gives weight / (60 + rank) summed."""
     root = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
-                    extra=engine_config(extra="[search]\ncandidates = 300\n"))
+                    extra=engine_config(extra="[search]\ncandidates = 300\n"
+                                              # every candidate in the reply: none cut
+                                              "min_similarity = 0\n"))
 
     def scaled(rs, key):
         xs = {id(r): r["scores"][key] for r in rs if key in r["scores"]}

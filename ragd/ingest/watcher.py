@@ -254,7 +254,10 @@ class Watcher:
             if s.name in self._gone:
                 if here is not None:
                     self._gone.discard(s.name)
-                    self._rewatch(s, f"its folder {s.root} is there")
+                    if not self._rewatch(s, f"its folder {s.root} is there"):  # (logged)
+                        self.errors[s.name] = (f"cannot watch {s.root} (see the log); the "
+                                               f"source is scanned every "
+                                               f"{self.unwatched_scan_interval:g} s instead")
                 continue
             was = self._roots.get(s.name)
             if was is None or here == was:
@@ -269,7 +272,7 @@ class Watcher:
             self._lost(s)
             self.indexer.request_scan(s.name)
 
-    def _rewatch(self, s: Source, why: str = "its folders can be watched now") -> None:
+    def _rewatch(self, s: Source, why: str = "its folders can be watched now") -> bool:
         """Watch a source afresh (watchdog does not retry a folder it once failed to watch):
         after the watch limit was raised. What happened meanwhile is caught by a scan."""
         old = self._watches.pop(s.name, None)
@@ -279,13 +282,14 @@ class Watcher:
             self._schedule(s)
         except (OSError, KeyError) as e:
             log.warning("source %s: watching again failed: %s", s.name, e)
-            return
+            return False
         self._limited.discard(s.name)
         self.errors.pop(s.name, None)
         self._strays.discard(s.name)
         log.info("source %s: %s; watching it afresh", s.name, why)
         self.indexer.request_scan(s.name)
         self._check_in(2.0)
+        return True
 
     def add_source(self, s: Source) -> None:
         """Watch a source added by a reload (or changed: removed first)."""

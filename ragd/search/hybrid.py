@@ -379,6 +379,8 @@ class Searcher:
         back with nine notes of similarity 0.25 after it (a fresh-user walk). Dev set and
         SciFact train figures unchanged: no answer was among them."""
         floor = self.threshold()
+        if floor <= 0:  # no threshold (0: off)
+            return
         weak = [c for c in ranked
                 if "bm25" not in parts[c] and parts[c].get("vector", floor) < floor]
         for c in weak:
