@@ -421,6 +421,9 @@ def test_hybrid_ranks_as_bm25_while_most_vectors_are_missing(make_daemon, tmp_pa
                 b = d.call("search", query=q, mode="bm25", k=5)
                 assert h["vector_coverage"] < 0.95 and not h["degraded"], h
                 assert h["fusion"].startswith("bm25"), h  # (its order, or only it)
+                # BM25's own scores: nothing fused, so nothing labelled RRF (--explain said
+                # "fused (RRF)" under fusion = "convex")
+                assert not any({"rrf", "fused"} & set(r["scores"]) for r in h["results"]), h
                 hp, bp = [r["path"] for r in h["results"]], [r["path"] for r in b["results"]]
                 assert bp and hp[:len(bp)] == bp, q  # BM25's ranking, vector-only finds after
             # an edit is searchable once indexed: --wait does not wait for the whole backlog
