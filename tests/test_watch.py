@@ -310,6 +310,32 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
     assert log.count("is not there (moved") == 1 and log.count("is missing; its files are kept") == 1
 
 
+def test_an_edit_in_a_folder_moved_away_removes_nothing(make_daemon, tmp_path):
+    """Before the watcher sees that a source's folder went away (it looks every 30 s), inotify
+    still reports what happens in it, under the old path: the file is not there, but that is no
+    sign it is gone (a fresh-user walk lost a note so). Kept; the scan says why."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    for name in ("a", "b"):
+        (root / f"{name}.md").write_text(f"# {name}\n\nNote {name} about lemurs.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n[watch]\nquiet_ms = 50\n')
+    with d:
+        d.wait_idle()
+        away = tmp_path / "away"
+        os.rename(root, away)
+        (away / "a.md").write_text("# a\n\nNote a about tapirs now.\n")
+        os.remove(away / "b.md")
+        deadline = time.monotonic() + 10
+        while not (src := d.call("status")["sources"][0])["last_error"]:
+            assert time.monotonic() < deadline, src  # the events' scan found the folder gone
+            time.sleep(0.05)
+        st = d.wait_idle()
+        assert "is missing" in st["sources"][0]["last_error"]
+        assert st["sources"][0]["files"] == 2 and st["totals"]["files_removed"] == 0
+        assert len(d.call("search", query="lemurs", k=5, mode="bm25")["results"]) == 2
+
+
 def test_a_source_whose_folder_is_not_there_yet_is_watched_once_it_is(make_daemon, tmp_path):
     """A vault on a disk not mounted at login: the daemon starts anyway, serves the other
     sources, reports this one, and takes it up once the folder exists."""

@@ -758,6 +758,12 @@ class Indexer:
         db = self._db
         row = store.file_row(db, src.name, rel)
         if p.kind == "vanished":
+            if row is not None and not src.root.is_dir():
+                # Its source's folder is gone: moved away (inotify still reports what happens
+                # in it, under the old path) or unmounted. Not a sign that the file is gone:
+                # kept, and the scan says why.
+                self.request_scan(src.name)
+                return
             if row is not None:
                 store.delete_file(db, row["id"], changes)
                 self.stats.files_removed += 1
