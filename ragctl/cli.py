@@ -421,10 +421,12 @@ def do_search(args) -> int:
             notes.append(f"waited {res['waited']['ms'] / 1000:.1f} s: changes are still being "
                          f"indexed, and may not be in these results yet")
         if res.get("below_threshold"):
-            notes.append("no close meaning match: these results match the query's words")
+            notes.append("no close meaning match: these results match the query's words" + (
+                f", only some of them (confidence {res.get('confidence')}): the notes may not "
+                f"answer this" if res.get("low_confidence") and res["results"] else ""))
         if res.get("rerank_reason"):
             notes.append(f"not reranked: {res['rerank_reason']}")
-        if res.get("low_confidence") and res["results"]:
+        if res.get("low_confidence") and res["results"] and not res.get("below_threshold"):
             notes.append(f"low confidence ({res.get('confidence')}): the notes may not answer "
                          f"this; few of its distinctive words are in them")
         for note in notes:

@@ -372,7 +372,11 @@ class Ops:
         info["timings"]["fetch_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if conf is not None:
             info["confidence"] = conf
-            info["low_confidence"] = conf < notes.LOW_CONFIDENCE
+            # below the similarity threshold only keywords answer: then a literal match of
+            # every distinctive word (a name, a made-up word) is sure, some of them are not
+            # ("what is the capital of France" found "capital" and "Frances": confidence 0.55)
+            info["low_confidence"] = conf < notes.LOW_CONFIDENCE or (
+                bool(info.get("below_threshold")) and conf < 1.0)
         info["group"] = group
         reply = {"query": query if len(query) <= ECHO_CHARS else query[:ECHO_CHARS] + "…",
                  "mode": info["mode"],

@@ -87,6 +87,11 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind)
         res = d.call("search", query="QuickAdd plugin", k=5)
         assert res["below_threshold"] is True and res["results"]
         assert res["results"][0]["path"].endswith("QuickAdd.md")
+        assert res["confidence"] == 1.0 and res["low_confidence"] is False  # a literal match
+        # ... of only some of its words: the notes may not answer it
+        res = d.call("search", query="QuickAdd plugin for zeppelin timetables", k=5)
+        assert res["below_threshold"] is True and res["results"]
+        assert 0.25 <= res["confidence"] < 1.0 and res["low_confidence"] is True, res
 
 
 def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, tmp_path,

@@ -168,8 +168,10 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
         return dont_know(question, found.get("reason") or "nothing relevant in the notes",
                          found)
     if found.get("low_confidence"):
-        return dont_know(question, f"low confidence ({found.get('confidence')}): few of the "
-                         f"question's distinctive words are in the notes found", found)
+        why = ("no note is close in meaning, and only some of the question's distinctive "
+               "words are in the notes found" if found.get("below_threshold") else
+               "few of the question's distinctive words are in the notes found")
+        return dont_know(question, f"low confidence ({found.get('confidence')}): {why}", found)
     client = engine.client
     try:
         notes = fit_notes(client, found["results"], question, context, max_tokens)
