@@ -277,11 +277,20 @@ def do_reload(args) -> int:
 
     def human(r):
         print(f"reloaded {r['config'] or 'the built-in defaults'}")
+        renamed = r.get("renamed") or []
+        for a, b in renamed:
+            print(f"  source renamed: {a} -> {b} (its files are listed again under the new "
+                  f"name; nothing is embedded again)")
+        said = {name for pair in renamed for name in pair}
         for key, label in (("added", "sources added"), ("removed", "sources removed (purged)"),
                            ("moved", "sources moved (listed again at their new path)"),
                            ("changed", "sources changed (re-read)")):
-            if r.get(key):
-                print(f"  {label}: {', '.join(r[key])}")
+            names = [n for n in r.get(key) or () if n not in said]
+            if names:
+                print(f"  {label}: {', '.join(names)}")
+        for name in r.get("missing") or ():
+            print(f"  source {name}: its folder is not there (yet): its indexed files are kept, "
+                  f"and it is watched once the folder exists ('ragctl status')")
         if r.get("applied"):
             print(f"  settings applied: {', '.join(r['applied'])}")
         if r.get("rechunk"):

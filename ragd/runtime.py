@@ -245,6 +245,10 @@ class Runtime:
             # unchanged at the same relative path is kept, vectors and all)
             moved = [n for n in now if n in old and old[n].root != now[n].root]
             changed = [n for n in now if n in old and n not in moved and old[n] != now[n]]
+            # a name changed, the folder the same: purged and listed again under the new name
+            # (its vectors come from the cache), but said as what it is
+            renamed = [[o, n] for o in removed for n in added if old[o].root == now[n].root]
+            missing = [n for n in added + moved if not now[n].root.is_dir()]
             applied = [f for f in LIVE if getattr(cfg, f) != getattr(new, f)]
             for field in LIVE:
                 setattr(cfg, field, getattr(new, field))
@@ -274,11 +278,12 @@ class Runtime:
                 self.indexer.request_scan(force=True)
             result = {"config": str(cfg.path) if cfg.path else None, "added": added,
                       "removed": removed, "moved": moved, "changed": changed,
-                      "rechunk": rechunk,
+                      "renamed": renamed, "missing": missing, "rechunk": rechunk,
                       "applied": applied, "restart_needed": restart, "embedding": model_note}
             log.info("reloaded %s: sources added %s, removed %s, moved %s, changed %s%s%s%s",
-                     cfg.path or "built-in defaults", added or "none", removed or "none",
-                     moved or "none", changed or "none",
+                     cfg.path or "built-in defaults", ", ".join(added) or "none",
+                     ", ".join(removed) or "none", ", ".join(moved) or "none",
+                     ", ".join(changed) or "none",
                      f"; applied {', '.join(applied)}" if applied else "",
                      "; re-chunking every file" if rechunk else "",
                      f"; a restart is needed for {', '.join(restart)}" if restart else "")

@@ -136,7 +136,9 @@ def test_a_renamed_source_embeds_nothing_again(tmp_path):
     with d:
         first = wait_embedded(d)["engines"]["embedding"]["embedded_texts"]
         cfg.write_text(cfg.read_text().replace('name = "a"', 'name = "b"'))
-        assert d.call("reload")["added"] == ["b"]
+        r = ragctl("--config", cfg, "reload")
+        assert r.returncode == 0 and "source renamed: a -> b" in r.stdout, r.stdout
+        assert "purged" not in r.stdout and "added" not in r.stdout, r.stdout
         st = wait_embedded(d)
         assert st["engines"]["embedding"]["embedded_texts"] == first  # the cache had them
         assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
@@ -148,12 +150,17 @@ def test_a_renamed_source_embeds_nothing_again(tmp_path):
         cfg.write_text(cfg.read_text().replace(str(notes), str(moved)))
         r = d.call("reload")
         assert r["moved"] == ["b"] and r["added"] == [] and r["removed"] == []
+        assert r["renamed"] == [] and r["missing"] == []
         st = wait_embedded(d)
         assert st["engines"]["embedding"]["embedded_texts"] == first
         assert st["sources"][0]["path"] == str(moved) and st["totals"]["files_removed"] == 0
         res = d.call("search", query="make a task repeat", mode="hybrid")
         assert res["results"] and all(r["path"].startswith(str(moved) + os.sep)
                                       for r in res["results"])
+        # a mistyped path is said at once (its files are kept meanwhile)
+        cfg.write_text(cfg.read_text().replace(str(moved), str(tmp_path / "Mvoed notes")))
+        r = ragctl("--config", cfg, "reload")
+        assert r.returncode == 0 and "source b: its folder is not there" in r.stdout, r.stdout
 
 
 def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_path):
