@@ -134,7 +134,7 @@ def table(results: list[dict]) -> str:
     lines = [f"{'mode':<8} {'kind':<14} {'n':>3}  " + "  ".join(f"{m:>7}" for m in METRICS)]
     for res in results:
         groups = [("all", {"n": res["questions"], **res["overall"]})] + \
-            list(res["by_kind"].items())
+            [(k, g) for k, g in res["by_kind"].items() if k != "all"]  # (no kind given: "all")
         for kind, g in groups:
             lines.append(f"{res['mode']:<8} {kind:<14} {g['n']:>3}  "
                          + "  ".join(f"{g[m]:7.3f}" for m in METRICS))
