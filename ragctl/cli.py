@@ -450,7 +450,8 @@ def do_search(args) -> int:
             title = r.get("title") or Path(r["path"]).stem
             head = r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else ""
             more = f"  (+{r['more']} more in this note)" if r.get("more") else ""
-            stale = "  (changed since indexed)" if r.get("stale") else ""
+            stale = "" if not r.get("stale") else "  (changed since indexed)" \
+                if os.path.exists(r["path"]) else "  (gone from disk since indexed)"
             unsaved = "  (unsaved)" if r.get("unsaved") else ""
             name = _bold(title, color)
             print(f"{i:>2}. {name}{' — ' + head if head else ''}  [{r['score']:.3f}]"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import engine_config, small_vault, wait_embedded
+from conftest import engine_config, ragctl, small_vault, wait_embedded
 from ragd.protocol import DaemonError
 from ragd.ingest import chunker, markdown
 
@@ -291,6 +291,8 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
         assert src["files"] == 3 and "is missing" in src["last_error"]
         assert src["watched"] is False and "is not there" in src["watch_error"]
         assert d.call("search", query="lemurs", k=5)["results"]
+        r = ragctl("--config", d.config, "search", "lemurs")
+        assert "(gone from disk since indexed)" in r.stdout, r.stdout
         # an edit made meanwhile, in the folder where it went, is not taken for the source's
         (tmp_path / "away" / "a.md").write_text("# a\n\nNote a about tapirs now.\n")
         time.sleep(2.5)  # two more looks at the folder: said once, not at each
