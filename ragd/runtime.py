@@ -8,6 +8,7 @@ search, watch, GC and index settings, the log level. What needs a restart is sai
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -270,8 +271,9 @@ class Runtime:
                     self.watcher.add_source(now[name])
             if removed:
                 self._forget_unconfigured()
-            for name in added + moved:
-                self.indexer.request_scan(name)
+            for name in added + moved:  # (moved with its kind or rules changed: read again)
+                self.indexer.request_scan(name, force=name in moved and dataclasses.replace(
+                    old[name], root=now[name].root) != now[name])
             for name in changed:  # rules or kind changed: read every file again
                 self.indexer.request_scan(name, force=True)
             if rechunk:
