@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import sys
 import threading
@@ -341,13 +342,17 @@ def search_text(out: dict) -> str:
         lines.append(f"No results for {out['query']!r} ({why}).")
         return "\n".join(lines)
     if out.get("low_confidence"):
-        lines.append(f"(low confidence {out.get('confidence')}: the notes probably do not "
-                     f"answer this; few of the query's distinctive words are in them)")
+        conf = out.get("confidence")
+        why = ("few of the query's distinctive words are in them" if conf is None or conf < 0.25
+               else "no note is close in meaning, and only some of its words are in them")
+        lines.append(f"(low confidence {conf}: the notes probably do not answer this; {why})")
     n = len(out["results"])
     lines.append(f"{n} result{'s' * (n != 1)} for {out['query']!r} ({out['mode']}):")
     for i, h in enumerate(out["results"], 1):
         head = f" — {h['heading']}" if h["heading"] else ""
-        stale = "  (file changed since indexed: lines may have moved)" if h.get("stale") else ""
+        stale = "" if not h.get("stale") else \
+            "  (file changed since indexed: lines may have moved)" if os.path.exists(h["path"]) \
+            else "  (file gone from disk since indexed)"
         lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']}{head}  "
                       f"(score {h['score']:.4g}){stale}", h["text"]]
     return "\n".join(lines)

@@ -582,3 +582,25 @@ def test_sdk_client_when_ragd_is_not_running(tmp_path):
             assert res.is_error and "ragd is not running" in res.content[0].text
 
     anyio.run(session)
+
+
+def test_search_text_says_why_a_reply_is_weak_and_when_a_file_is_gone(tmp_path):
+    """The tool's text for people and models: a low confidence with most words found is
+    below the similarity threshold (no note close in meaning), not "few words"; a stale hit
+    whose file is not on disk says so, not "changed"."""
+    from ragctl import mcp
+
+    here = tmp_path / "a.md"
+    here.write_text("x\n")
+    hit = {"path": str(here), "source": "n", "line_start": 1, "line_end": 1, "heading": "A",
+           "score": 0.5, "text": "x", "stale": True}
+    out = {"query": "what is the capital of france", "mode": "hybrid", "degraded": False,
+           "reason": None, "confidence": 0.55, "low_confidence": True,
+           "results": [hit, {**hit, "path": str(tmp_path / "gone.md")}]}
+    text = mcp.search_text(out)
+    assert "low confidence 0.55" in text and "no note is close in meaning" in text
+    assert "few of" not in text
+    assert text.count("(file changed since indexed") == 1
+    assert text.count("(file gone from disk since indexed)") == 1
+    out.update(confidence=0.1)
+    assert "few of the query's distinctive words" in mcp.search_text(out)
