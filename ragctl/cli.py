@@ -84,8 +84,9 @@ def do_start(args) -> int:
     if args.source:  # the config is the truth: the folders go into it, then ragd starts
         _add_sources(args, args.source, running=False)
     cmd = [sys.executable, "-m", "ragd", "--background"]
-    if args.config:
-        cmd += ["--config", os.path.abspath(args.config)]
+    found = P.find_config(args.config)  # named on the command line: whose daemon it is
+    if found is not None:
+        cmd += ["--config", os.path.abspath(found)]
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=err, start_new_session=True)

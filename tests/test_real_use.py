@@ -198,6 +198,10 @@ def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_p
         assert r.returncode != 0 and "not a folder" in r.stderr
         r = ragctl("sources", env=env)
         assert "Notes" in r.stdout and "Docs" in r.stdout
+        # its command line names its config (the default one, found): `ps` tells whose it is
+        pid = json.loads(ragctl("status", "--json", env=env).stdout)["pid"]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"--config") + 1] == str(cfg).encode(), argv
     finally:
         r = ragctl("stop", env=env)
     assert r.returncode == 0
