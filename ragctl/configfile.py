@@ -102,6 +102,7 @@ def add_source(path: Path, folder: Path, name: str | None = None,
     table["path"] = _shown(folder)
     table["kind"] = kind
     if "sources" in doc:
+        table.trivia.indent = "\n"  # a blank line before it, as between the others
         doc["sources"].append(table)
     else:
         aot = tomlkit.aot()

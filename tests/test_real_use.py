@@ -192,6 +192,9 @@ def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_p
         r = ragctl("start", "--source", str(docs), env=env)
         assert r.returncode == 0, r.stderr
         assert "added source 'Docs'" in r.stdout
+        lines = cfg.read_text().splitlines()  # each source table after a blank line
+        at = [i for i, ln in enumerate(lines) if ln == "[[sources]]"]
+        assert len(at) == 2 and all(lines[i - 1] == "" for i in at), lines[-12:]
         r = ragctl("search", "--wait", "20", "ornithopter", env=env)
         assert r.returncode == 0 and "a.md" in r.stdout, r.stdout + r.stderr
         r = ragctl("start", "--source", str(home / "nowhere"), env=env)
