@@ -40,9 +40,12 @@ def test_a_model_switch_never_degrades_search_and_flips_when_complete(make_daemo
         seen_mid = 0
         deadline = time.monotonic() + 180
         while True:
+            # the search first, then the status: a switch that completes between the two is
+            # then seen done (the other way round, a search after the flip was taken for one
+            # during the switch: a race, which failed a CI run)
+            r = d.call("search", query="a kanban board with lanes", mode="hybrid", k=3)
             e = d.call("status")["engines"]["embedding"]
             sw = e.get("switch")
-            r = d.call("search", query="a kanban board with lanes", mode="hybrid", k=3)
             if sw is None and e["space"] != s1:
                 break
             # during the switch: the old space answers, never degraded
