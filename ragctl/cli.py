@@ -341,7 +341,9 @@ def do_status(args) -> int:
                      if s.get("last_scan") else ""))
             if s.get("watch_error"):
                 print(f"    not watched: {s['watch_error']}")
-            if s.get("last_error"):
+            if s.get("last_error") and not (  # (the folder not there: said once, above)
+                    s.get("watch_error") and "is not there" in s["watch_error"]
+                    and "is missing" in s["last_error"]):
                 print(f"    last error: {_one_line(s['last_error'])}")
         for role, e in st.get("engines", {}).items():
             line = f"{role} engine: {e.get('state')}  model {e.get('model')}"

@@ -293,6 +293,8 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
         assert d.call("search", query="lemurs", k=5)["results"]
         r = ragctl("--config", d.config, "search", "lemurs")
         assert "(gone from disk since indexed)" in r.stdout, r.stdout
+        r = ragctl("--config", d.config, "status")  # said once, not as a second error
+        assert r.stdout.count("is not there") == 1 and "last error" not in r.stdout, r.stdout
         # an edit made meanwhile, in the folder where it went, is not taken for the source's
         (tmp_path / "away" / "a.md").write_text("# a\n\nNote a about tapirs now.\n")
         time.sleep(2.5)  # two more looks at the folder: said once, not at each
