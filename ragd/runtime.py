@@ -9,6 +9,7 @@ search, watch, GC and index settings, the log level. What needs a restart is sai
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -121,6 +122,7 @@ class Runtime:
         # periodic scan).
         self._forget_unconfigured()
         self.indexer.request_scan()
+        self._read_again_if_changed()
         try:
             self.server.start()
             self.engines.start()
@@ -278,6 +280,7 @@ class Runtime:
                 self.indexer.request_scan(name, force=True)
             if rechunk:
                 self.indexer.request_scan(force=True)
+            self.indexer.when_idle(functools.partial(store.save_reading, sources=self._reading()))
             result = {"config": str(cfg.path) if cfg.path else None, "added": added,
                       "removed": removed, "moved": moved, "changed": changed,
                       "renamed": renamed, "missing": missing, "rechunk": rechunk,
@@ -290,6 +293,31 @@ class Runtime:
                      "; re-chunking every file" if rechunk else "",
                      f"; a restart is needed for {', '.join(restart)}" if restart else "")
             return result
+
+    def _reading(self) -> dict:
+        """What decides how a source's files become chunks, per source: the chunking of the
+        config and the source's kind and rules."""
+        cfg = self.cfg
+        return {s.name: {"chunk_tokens": cfg.chunk_tokens, "chunk_overlap": cfg.chunk_overlap,
+                         "kind": s.kind, "include": list(s.include), "exclude": list(s.exclude)}
+                for s in cfg.sources}
+
+    def _read_again_if_changed(self) -> None:
+        """A source read with another chunking, kind or rules than the config's now (changed
+        while ragd was stopped) is read again in full, as a reload does; what it is read with
+        is recorded once the queue is empty, so a start cut short reads it again."""
+        now = self._reading()
+        with self.ops.reads.conn() as db:
+            before = store.reading(db)
+        for name, how in now.items():
+            old = before.get(name)
+            if old is not None and old != how:
+                what = ", ".join(k for k in how if old.get(k) != how[k])
+                log.info("source %s: %s changed since it was read: reading every file again",
+                         name, what)
+                self.indexer.request_scan(name, force=True)
+        if now != before:
+            self.indexer.when_idle(functools.partial(store.save_reading, sources=now))
 
     def _forget_unconfigured(self) -> None:
         """Rows of sources the config no longer names are hidden at once and purged."""

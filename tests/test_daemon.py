@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -209,6 +210,36 @@ def test_changes_while_stopped_are_picked_up_on_start(make_daemon, tmp_path):
         assert hits[0]["path"] == str(vault / "new note.md") and hits[0]["line_start"] == 3
         hits = d.call("search", query=PHRASE, k=10)["results"]
         assert all(not h["path"].endswith(NOTE) for h in hits)
+
+
+def test_chunking_or_kind_changed_while_stopped_reads_every_file_again(make_daemon, tmp_path):
+    """A reload re-chunks when the chunk size changes; a config edited while ragd was stopped
+    must do the same at the next start (it used to keep every note's old chunks), and a start
+    with nothing changed must still read nothing."""
+    d = make_daemon()
+    with d:
+        chunks = d.wait_idle()["sources"][0]["chunks"]
+    text = d.config.read_text()
+    d.config.write_text(text + "\n[index]\nchunk_tokens = 96\n")
+    with d:
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == 118
+        assert st["sources"][0]["chunks"] > chunks
+        rechunked = st["sources"][0]["chunks"]
+    assert "chunk_tokens changed since it was read: reading every file again" in \
+        d.log.read_text()
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    reading = json.loads(db.execute("SELECT value FROM meta WHERE key = 'reading'").fetchone()[0])
+    db.close()
+    assert reading["obsidian-tasks-docs"]["chunk_tokens"] == 96
+    with d:  # the same config again: nothing is read
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == 0 and st["sources"][0]["chunks"] == rechunked
+    # the source's kind changed while stopped (its notes parsed as plain Markdown): read again
+    d.config.write_text(d.config.read_text().replace('kind = "obsidian"', 'kind = "folder"'))
+    with d:
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == 118 and st["sources"][0]["kind"] == "folder"
 
 
 def test_bad_files_are_skipped_with_reasons_and_the_daemon_lives(make_daemon, tmp_path):

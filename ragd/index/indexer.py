@@ -28,6 +28,7 @@ by BM25 at once and the embedder thread adds their vectors after.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import json
@@ -122,6 +123,7 @@ class Indexer:
         self._ready: list[Item] = []  # prepared on the slow lane, to be written
         self._slow: dict[tuple[str, str], bool] = {}  # on the slow lane now -> asked again?
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._when_idle: list[Callable[[Any], None]] = []  # run once nothing is queued
         self._seq = itertools.count()
         self._since: dict[tuple[str, str], float] = {}  # when a queued path was first asked for
         self._paused_until = 0.0
@@ -219,6 +221,14 @@ class Indexer:
             return self.worker.state
         return "idle" if self.idle else "indexing"
 
+    def when_idle(self, fn: Callable[[Any], None]) -> None:
+        """Call fn(db) on the indexer's thread, once, when nothing is queued or being read:
+        after every scan and file asked for before it. A crash before then never calls it (what
+        it records is recorded only once the work it depends on is committed)."""
+        with self._cv:
+            self._when_idle.append(fn)
+            self._cv.notify_all()
+
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._cv:
@@ -287,6 +297,7 @@ class Indexer:
             while True:
                 with self._cv:
                     self._busy = False
+                    on_idle: list[Callable[[Any], None]] = []
                     while True:
                         if self._stop.is_set():
                             return
@@ -295,6 +306,9 @@ class Indexer:
                         paused = now < self._paused_until
                         if due or (self._jobs and not paused) or (
                                 not paused and self._has_work()):
+                            break
+                        if self._when_idle and not (self._has_work() or self._slow):
+                            on_idle, self._when_idle = self._when_idle, []
                             break
                         self._cv.notify_all()
                         waits = [t for t in (self._timers[0][0] if self._timers else None,
@@ -309,6 +323,9 @@ class Indexer:
                             if self._scans and not paused and job is None else None)
                 for fn in timers:
                     self._guarded("a scheduled task", fn)
+                for fn in on_idle:
+                    self._guarded("a task waiting for the queue to empty",
+                                  functools.partial(fn, self._db))
                 if job is not None:
                     self._run_job(*job)
                     continue

@@ -10,6 +10,7 @@ Never edit a migration that has shipped; add a new one.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
@@ -403,6 +404,18 @@ def migrate(db: sqlite3.Connection) -> int:
             db.execute("ROLLBACK")
             raise
     return found
+
+
+def reading(db: sqlite3.Connection) -> dict:
+    """How each source's files were last read in full: {source: {chunk_tokens, chunk_overlap,
+    kind, include, exclude}} as save_reading left it ({} before it ever did)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'reading'").fetchone()
+    return json.loads(row[0]) if row else {}
+
+
+def save_reading(db: sqlite3.Connection, sources: dict) -> None:
+    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('reading', ?)",
+               (json.dumps(sources, sort_keys=True),))
 
 
 NOTES_FORMAT = "2"  # of notes_fts's rows (note_row): another rebuilds them (2: symbol words)
