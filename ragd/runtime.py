@@ -311,7 +311,7 @@ class Runtime:
             before = store.reading(db)
         for name, how in now.items():
             old = before.get(name)
-            if old is not None and old != how:
+            if isinstance(old, dict) and old != how:
                 what = ", ".join(k for k in how if old.get(k) != how[k])
                 log.info("source %s: %s changed since it was read: reading every file again",
                          name, what)

@@ -410,7 +410,11 @@ def reading(db: sqlite3.Connection) -> dict:
     """How each source's files were last read in full: {source: {chunk_tokens, chunk_overlap,
     kind, include, exclude}} as save_reading left it ({} before it ever did)."""
     row = db.execute("SELECT value FROM meta WHERE key = 'reading'").fetchone()
-    return json.loads(row[0]) if row else {}
+    try:
+        value = json.loads(row[0]) if row else {}
+    except ValueError:  # (not ours: nothing known, recorded anew)
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def save_reading(db: sqlite3.Connection, sources: dict) -> None:
