@@ -128,3 +128,46 @@ def test_vectors_read_from_the_cache_are_snapshotted(make_daemon, tmp_path):
         st = wait_embedded(d)
         assert st["engines"]["embedding"]["vectors"] == n
         assert log.read_text().count("from the snapshot, 0 read from the cache") == 1
+
+
+def test_changes_of_a_file_written_twice_in_one_transaction_add_only_its_last_chunks(tmp_path):
+    """The vectors mirror a transaction's Changes: every removed id dropped, then every added
+    one taken. A file written twice in one batch (a folder's move told twice) added the ids of
+    its first write too, and the vectors kept rows for chunks that no longer existed."""
+    from ragd.index import store
+
+    db = store.open_store(tmp_path / "index.db")
+
+    def records(words):
+        return [store.ChunkRecord(i, "Note", i + 1, i + 1, w, f"t{w}", f"e{w}", body=w)
+                for i, w in enumerate(words)]
+
+    store.begin(db)
+    store.put_file(db, "v", "a.md", 1, 1, "h0", "indexed", None, records(["one", "two"]))
+    store.put_file(db, "v", "b.md", 1, 1, "h1", "indexed", None, records(["six"]))
+    db.execute("COMMIT")
+    first = [r[0] for r in db.execute("SELECT id FROM chunks")]
+
+    changes = store.Changes()
+    store.begin(db)
+    for words in (["one", "two", "three"], ["one", "two", "four"]):
+        mine = store.Changes()
+        store.put_file(db, "v", "a.md", 2, 2, "h2", "indexed", None, records(words), mine)
+        # another file between them: the second write cannot take the first one's ids again
+        store.put_file(db, "v", f"{words[-1]}.md", 1, 1, "h3", "indexed", None,
+                       records(["seven"]), mine)
+        changes.extend(mine)
+    mine = store.Changes()
+    store.delete_file(db, store.file_row(db, "v", "b.md")["id"], mine)
+    changes.extend(mine)
+    db.execute("COMMIT")
+
+    now = {r[0]: r[1] for r in db.execute("SELECT id, embed_hash FROM chunks")}
+    assert sorted(a[0] for a in changes.added) == sorted(now)
+    assert {a[0]: a[1] for a in changes.added} == now
+    assert set(first) <= set(changes.removed)
+    # mirrored as the vector store does: the removed dropped, then the added taken
+    mirror = set(first)
+    mirror -= set(changes.removed)
+    mirror |= {a[0] for a in changes.added}
+    assert mirror == set(now)

@@ -486,16 +486,36 @@ class ChunkRecord:
 
 @dataclass
 class Changes:
-    """Chunk rows a transaction removed and added, for whoever mirrors them (the vectors)."""
+    """Chunk rows a transaction removed and added, for whoever mirrors them (the vectors),
+    who drops every removed id and then takes every added one. So `added` holds only the
+    rows still there: a row added and removed again in the same transaction (a file written
+    twice in one batch) is dropped from it, where it would have been mirrored for a chunk
+    that no longer exists. (An id removed and then added again is in both: SQLite reuses the
+    largest ids.)"""
     removed: list[int]
-    added: list[tuple[int, str, int]]  # (chunk id, embed_hash, file id)
+    _added: dict[int, tuple[int, str, int]]
 
     def __init__(self):
-        self.removed, self.added = [], []
+        self.removed, self._added = [], {}
+
+    @property
+    def added(self) -> list[tuple[int, str, int]]:
+        """(chunk id, embed_hash, file id) of the rows added and still there."""
+        return list(self._added.values())
+
+    def remove(self, ids: Iterable[int]) -> None:
+        for cid in ids:
+            self.removed.append(cid)
+            self._added.pop(cid, None)
+
+    def add(self, rows: Iterable[tuple[int, str, int]]) -> None:
+        for row in rows:
+            self._added[row[0]] = row
 
     def extend(self, other: "Changes") -> None:
-        self.removed += other.removed
-        self.added += other.added
+        """Another's changes, made after these."""
+        self.remove(other.removed)
+        self.add(other._added.values())
 
 
 def file_rows(db: sqlite3.Connection, source: str) -> dict[str, FileRow]:
@@ -538,8 +558,8 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
                    (size, mtime_ns, hash_, status, reason, now, meta, n, file_id))
     if chunks is not None:
         if changes is not None:
-            changes.removed += [r[0] for r in db.execute(
-                "SELECT id FROM chunks WHERE file_id = ?", (file_id,))]
+            changes.remove(r[0] for r in db.execute(
+                "SELECT id FROM chunks WHERE file_id = ?", (file_id,)))
         db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
         db.executemany(
             "INSERT INTO chunks (file_id, ordinal, heading, line_start, line_end, text, "
@@ -547,8 +567,8 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
             [(file_id, c.ordinal, c.heading, c.line_start, c.line_end, c.text, c.text_hash,
               c.embed_hash, c.body, c.keywords) for c in chunks])
         if changes is not None:
-            changes.added += [(r[0], r[1], file_id) for r in db.execute(
-                "SELECT id, embed_hash FROM chunks WHERE file_id = ?", (file_id,))]
+            changes.add((r[0], r[1], file_id) for r in db.execute(
+                "SELECT id, embed_hash FROM chunks WHERE file_id = ?", (file_id,)))
     return file_id
 
 
@@ -597,8 +617,8 @@ def touch_file(db: sqlite3.Connection, file_id: int, size: int, mtime_ns: int) -
 
 def delete_file(db: sqlite3.Connection, file_id: int, changes: Changes | None = None) -> None:
     if changes is not None:
-        changes.removed += [r[0] for r in db.execute("SELECT id FROM chunks WHERE file_id = ?",
-                                                     (file_id,))]
+        changes.remove(r[0] for r in db.execute("SELECT id FROM chunks WHERE file_id = ?",
+                                                (file_id,)))
     db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
     db.execute("DELETE FROM files WHERE id = ?", (file_id,))
 
