@@ -86,6 +86,46 @@ def test_create_edit_delete_rename_move(make_daemon, tmp_path):
         assert wait_embedded(d)["sources"][0]["files"] == 15
 
 
+def test_a_folder_with_subfolders_moved_writes_nothing_and_keeps_vectors_equal_to_chunks(
+        make_daemon, tmp_path):
+    """watchdog tells a folder's move once for the folder and once for each file and subfolder
+    under it. Each file moves once: no file is indexed again, no chunk written, and the vectors
+    stay one per chunk (a file written twice in one transaction left the vectors of its first
+    write's chunks behind: 87 extra per rename of a folder of the Tasks docs)."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        shutil.move(str(root / "Other Plugins"), str(root / "How To" / "Other Plugins"))
+        assert find(d, "QuickAdd") and wait_settled(d, "How To/Other Plugins", "QuickAdd")
+        st = wait_embedded(d)
+        before = st["totals"]
+        for i, name in enumerate(("Guides", "Guides again", "How To")):
+            old = root / ("How To" if i == 0 else ("Guides", "Guides again")[i - 1])
+            shutil.move(str(old), str(root / name))
+            assert wait_settled(d, f"{name}/Other Plugins", "QuickAdd")
+        st = wait_embedded(d)
+        after = st["totals"]
+        assert after["files_moved"] - before["files_moved"] == 3 * 15
+        assert after["files_indexed"] == before["files_indexed"]
+        assert after["chunks_written"] == before["chunks_written"]
+        chunks = st["sources"][0]["chunks"]
+        assert st["engines"]["embedding"]["vectors"] == chunks
+
+
+def wait_settled(d, folder, query, timeout=15.0):
+    """Until every hit of the query is under the folder and nothing waits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        hits = d.call("search", query=query, k=5, mode="bm25")["results"]
+        if hits and all(f"/{folder}/" in h["path"] for h in hits) and \
+                d.call("status")["idle"]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_save_burst_is_one_update_and_one_paragraph_embeds_its_chunks(make_daemon, tmp_path):
     root = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],

@@ -761,6 +761,11 @@ class Indexer:
                 self._emit("moved", src.name, new,
                            from_path=sources.printable(str(src.root / old)))
                 return
+        if row is None and p.content is not None:
+            target = store.file_row(db, src.name, new)
+            if target is not None and target["status"] == "indexed" \
+                    and target["hash"] == p.content.hash:
+                return  # this move was applied already (its item read before that)
         if p.kind == "unchanged" and row is not None:
             # unchanged against a row already at the new path, while the old row is there
             # too: indexed afresh. (No old row: this move was applied already; nothing to do.)

@@ -192,7 +192,9 @@ class Watcher:
         self._lock = threading.Condition()
         self._due: dict[tuple[str, str], float] = {}  # (source, rel) -> time it settles
         self._seen: dict[tuple[str, str], float] = {}  # (source, rel) -> first event (wall time)
-        self._moves: list[tuple[float, str, str, str]] = []  # (due, source, old rel, new rel)
+        # (source, old rel, new rel) -> due. A folder's move is told once for the folder and
+        # once for each file and subfolder under it (watchdog): one entry each.
+        self._moves: dict[tuple[str, str, str], float] = {}
         self._inflight = 0  # taken off the queues, not yet handed to the indexer
         self._folder_made_at = -1e9  # monotonic time of the last folder created (see below)
         # The checker's schedule, under _check_cv.
@@ -316,7 +318,7 @@ class Watcher:
         with self._lock:
             self._due = {k: v for k, v in self._due.items() if k[0] != name}
             self._seen = {k: v for k, v in self._seen.items() if k[0] != name}
-            self._moves = [m for m in self._moves if m[1] != name]
+            self._moves = {m: due for m, due in self._moves.items() if m[0] != name}
             self._lock.notify_all()
 
     def _unwatched(self, s: Source, e: OSError) -> None:
@@ -390,7 +392,7 @@ class Watcher:
             new_ok = new is not None and rules.wanted(new)
             if old_ok and new_ok:
                 with self._lock:
-                    self._moves.append((now + self.quiet, s.name, old, new))
+                    self._moves.setdefault((s.name, old, new), now + self.quiet)
                     self._lock.notify_all()
                 return
             self._settle([(s.name, rel) for rel, ok in ((old, old_ok), (new, new_ok)) if ok],
@@ -433,7 +435,8 @@ class Watcher:
             return
         with self._lock:
             for rel_new in files:
-                self._moves.append((now + self.quiet, s.name, old + rel_new[len(new):], rel_new))
+                self._moves.setdefault((s.name, old + rel_new[len(new):], rel_new),
+                                       now + self.quiet)
             self._lock.notify_all()
 
     def _walk(self, s: Source, rel_dir: str, now: float) -> None:
@@ -472,20 +475,18 @@ class Watcher:
                 self._inflight = 0
                 self._lock.notify_all()  # wait_settled
                 now = time.monotonic()
-                nexts = [d for d in self._due.values()] + [m[0] for m in self._moves]
+                nexts = [*self._due.values(), *self._moves.values()]
                 soonest = min(nexts) if nexts else None
                 if soonest is None or soonest > now:
                     self._lock.wait(None if soonest is None else soonest - now)
                     continue
-                moves = [m for m in self._moves if m[0] <= now]
-                self._moves = [m for m in self._moves if m[0] > now]
+                moves = [m for m, due in self._moves.items() if due <= now]
+                self._moves = {m: due for m, due in self._moves.items() if due > now}
                 ready = [k for k, due in self._due.items() if due <= now]
                 for k in ready:
                     del self._due[k]
                 self._inflight = len(moves) + len(ready)
-            # A folder moved is told twice (its own event, and one per file under it): the
-            # second would find the file already moved and index it again.
-            for name, old, new in dict.fromkeys((m[1], m[2], m[3]) for m in moves):
+            for name, old, new in moves:
                 self.indexer.request_move(name, old, new)
             for key in ready:
                 with self._lock:
@@ -497,14 +498,14 @@ class Watcher:
         """Count each source's burst of changes; when a big one has settled (nothing of that
         source waits any more), reconcile the source with a scan: in a storm, files can land in
         a new folder between its creation and its watch, and a scan is cheap next to a loss."""
-        for _, name, _, _ in moves:
+        for name, _, _ in moves:
             self._burst[name] = self._burst.get(name, 0) + 1
         for name, _ in ready:
             self._burst[name] = self._burst.get(name, 0) + 1
         if not self._burst:
             return
         with self._lock:
-            busy = {k[0] for k in self._due} | {m[1] for m in self._moves}
+            busy = {k[0] for k in self._due} | {m[0] for m in self._moves}
         for name in [n for n in self._burst if n not in busy]:
             if self._burst.pop(name) >= STORM_PATHS:
                 log.info("source %s: a burst of changes settled; reconciling with a scan", name)
