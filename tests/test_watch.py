@@ -114,6 +114,25 @@ def test_a_folder_with_subfolders_moved_writes_nothing_and_keeps_vectors_equal_t
         assert st["engines"]["embedding"]["vectors"] == chunks
 
 
+def test_a_folder_moved_out_and_back_logs_no_library_warning(make_daemon, tmp_path):
+    """A folder moved back to where it was is watched again under its old inotify watch:
+    watchdog warns (a RuntimeWarning of ~9 KB, the whole watch table, on the daemon's stderr,
+    which is its log) that it replaces its own callback. Harmless, and not the log's to say."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        here, away = root / "Other Plugins", tmp_path / "away"
+        for there in (away, root / "Plugins elsewhere", away):
+            shutil.move(str(here), str(there))
+            time.sleep(1.5)
+            shutil.move(str(there), str(here))
+            assert wait_settled(d, "Other Plugins", "QuickAdd")
+        wait_embedded(d)
+        assert "Warning" not in d.log.read_text(errors="replace")
+
+
 def wait_settled(d, folder, query, timeout=15.0):
     """Until every hit of the query is under the folder and nothing waits."""
     deadline = time.monotonic() + timeout

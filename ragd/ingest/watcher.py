@@ -38,6 +38,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileAttribEvent,
@@ -53,6 +54,13 @@ from ragd.workers import Worker
 MOVE_PAIRING = 0.7
 
 log = logging.getLogger("ragd.watcher")
+
+# A folder moved back where it was (out of a source and back, renamed and back) keeps its inode,
+# so inotify gives its old watch again, and watchdog (7.x) warns that it replaces the callback
+# it had there by the same one: a RuntimeWarning of the whole watch table (~9 KB) on stderr,
+# which is the daemon's log. Nothing is wrong; the events follow.
+warnings.filterwarnings("ignore", message=r"Callback with id '.*' already exists for watch",
+                        category=RuntimeWarning)
 
 MAX_PENDING = 20000  # more distinct paths than this waiting: rescan the source instead
 STORM_PATHS = 200  # a settled burst of this many paths is followed by a scan of its source
