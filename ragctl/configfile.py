@@ -58,11 +58,15 @@ def sources(path: Path) -> list[dict]:
     return out
 
 
-def _same_folder(a: str, b: Path) -> bool:
+def _resolved(a: str) -> Path | None:
     try:
-        return Path(a).expanduser().resolve() == b
+        return Path(a).expanduser().resolve() if a else None
     except (OSError, RuntimeError):
-        return False
+        return None
+
+
+def _same_folder(a: str, b: Path) -> bool:
+    return _resolved(a) == b
 
 
 def _shown(folder: Path) -> str:
@@ -90,6 +94,18 @@ def add_source(path: Path, folder: Path, name: str | None = None,
     for s in existing:
         if _same_folder(str(s.get("path", "")), folder):
             return str(s.get("name")), False
+    for s in existing:  # a folder inside another source, or holding one: its files twice
+        other = _resolved(str(s.get("path", "")))
+        if other is not None and folder.is_relative_to(other):
+            raise ConfigFileError(
+                f"{folder} is inside the source {s.get('name')!r} ({other}): its files are "
+                f"indexed already, and would be found twice. To index it apart (other rules), "
+                f"exclude it from {s.get('name')!r} in {path} and add its table by hand")
+        if other is not None and other.is_relative_to(folder):
+            raise ConfigFileError(
+                f"{folder} holds the source {s.get('name')!r} ({other}): its files would be "
+                f"indexed, and found, twice. Remove that source first: ragctl sources remove "
+                f"{s.get('name')}")
     name = name or folder.name or "source"
     if "/" in name or not name.strip():
         raise ConfigFileError(f"a source name must be non-empty and without '/': {name!r}")

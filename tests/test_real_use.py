@@ -113,6 +113,12 @@ def test_sources_added_removed_and_renamed_live(tmp_path):
         r = ragctl("--config", cfg, "sources", "add", str(other), "--name", "notes")
         assert r.returncode == 2 and "already has a source named 'notes'" in r.stderr
         assert cfg.read_text() == before
+        # a folder inside a source, or holding one, is refused: its notes would come twice
+        r = ragctl("--config", cfg, "sources", "add", str(notes / "How To"))
+        assert r.returncode == 2 and "is inside the source 'notes'" in r.stderr, r.stderr
+        r = ragctl("--config", cfg, "sources", "add", str(tmp_path))
+        assert r.returncode == 2 and "holds the source 'notes'" in r.stderr, r.stderr
+        assert cfg.read_text() == before
         # removed: never searched again
         r = ragctl("--config", cfg, "sources", "remove", "notes")
         assert r.returncode == 0, r.stderr
