@@ -34,11 +34,29 @@ class Fail(Exception):
         self.code = code
 
 
+_warned: set[str] = set()
+
+
+def _socket(args) -> Path:
+    """Where the daemon listens. A config file that is not valid TOML (being edited) still
+    names it: a running daemon goes on with the config it read before, and can be asked, told
+    to reload or stopped; ragctl says why it read the file leniently, once."""
+    def broken(why: str) -> None:
+        if why not in _warned:
+            _warned.add(why)
+            print(f"ragctl: warning: {why}. Its [daemon] socket read as written; a running "
+                  f"ragd goes on with the config it read before (fix the file, then 'ragctl "
+                  f"reload')", file=sys.stderr)
+    return P.socket_path(args.socket, args.config, broken=broken)
+
+
 def connect(args, timeout: float | None = 30.0) -> P.Client:
-    path = P.socket_path(args.socket, args.config)
+    path = _socket(args)
     try:
         return P.Client(path, timeout=timeout)
     except P.NotRunning:
+        if _warned:  # its config is not valid TOML: that is what to fix first
+            raise Fail(f"{sorted(_warned)[0]}; and no ragd answers at {path}", 2)
         raise Fail(f"ragd is not running (no daemon at {path}); start it with 'ragctl start'")
     except PermissionError:
         raise Fail(f"permission denied on {path}: is ragd running as another user?")
@@ -195,7 +213,7 @@ def _add_sources(args, folders: list[str], running: bool) -> int:
             raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was", 1)
         print(f"ragd is indexing {', '.join(res['added'])} now")
         if _interactive(args):
-            _progress(args, P.socket_path(args.socket, args.config))
+            _progress(args, _socket(args))
     elif added:
         print("'ragctl start' indexes it" if not running else "")
     return 0
@@ -629,7 +647,7 @@ def do_reindex(args) -> int:
     res = call(args, "reindex", source=args.source)
     emit(args, res, lambda r: print(f"reindexing {', '.join(r['queued']) or 'nothing'}"))
     if _interactive(args):
-        _progress(args, P.socket_path(args.socket, args.config), "reindexing")
+        _progress(args, _socket(args), "reindexing")
     return 0
 
 
@@ -637,7 +655,7 @@ def do_sources(args) -> int:
     if args.action == "add":
         if not args.path:
             raise Fail("usage: ragctl sources add PATH [--name NAME] [--kind obsidian|folder]", 2)
-        running = _ping(P.socket_path(args.socket, args.config)) is not None
+        running = _ping(_socket(args)) is not None
         return _add_sources(args, [args.path], running)
     if args.action == "remove":
         if not args.path:
@@ -669,7 +687,7 @@ def do_sources(args) -> int:
 
 def _remove_source(args, name: str) -> int:
     from ragctl import configfile
-    sock = P.socket_path(args.socket, args.config)
+    sock = _socket(args)
     running = _ping(sock) is not None
     path = configfile.target(args.config, call(args, "status").get("config") if running else None)
     before = path.read_text(encoding="utf-8") if path.exists() else None

@@ -169,6 +169,7 @@ class Ops:
         self.events = indexer.events
         self.request_stop = request_stop
         self.reload = reload
+        self.reload_failed: str | None = None  # why the last reload failed (until one works)
         self.reads = ReadPool(cfg.db_path)
         self.vectors = vectors if vectors is not None else VectorStore(cfg.data_dir)
         self.embedding = embedding  # index/switch.py: the embedder(s), a model switch
@@ -209,6 +210,8 @@ class Ops:
             counts = store.source_counts(db)
             engines = self._engines_status()
         hints = sorted(self.indexer.hints)
+        if self.reload_failed:
+            hints.insert(0, self.reload_failed)
         per_source = []
         for s in self.cfg.sources:
             c = counts.get(s.name, {})
@@ -754,11 +757,24 @@ class Ops:
             raise OpError(P.UNAVAILABLE, "reload: not available")
         from ragd.runtime import ReloadError  # late: runtime imports ops
         try:
-            return self.reload()
-        except ReloadError as e:  # logged as a SIGHUP's is: the log says why nothing changed
-            log.error("reload: %s; going on with the config in force", e)
+            return self.reload_config()
+        except ReloadError as e:
             raise OpError(P.BAD_CONFIG, f"reload: {e}; ragd goes on with the config in "
                           f"force") from None
+
+    def reload_config(self) -> dict:
+        """The reload of the reload op and of SIGHUP: one that fails is logged and shown in
+        status (a hint) until one works."""
+        from ragd.runtime import ReloadError
+        try:
+            res = self.reload()
+        except ReloadError as e:  # the log and status say why nothing changed
+            log.error("reload: %s; going on with the config in force", e)
+            self.reload_failed = (f"the last reload failed: {e}; ragd goes on with the config "
+                                  f"in force (fix it, then 'ragctl reload')")
+            raise
+        self.reload_failed = None
+        return res
 
     def cmd_stop(self) -> dict:
         self.stopping.set()

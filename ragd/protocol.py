@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import struct
 import time
@@ -143,8 +144,11 @@ def resolve_paths(daemon_table: dict | None, env=os.environ) -> tuple[Path, Path
     return data_dir, sock
 
 
-def socket_path(cli_socket=None, cli_config=None, env=os.environ) -> Path:
-    """Where a client finds the daemon: --socket, $RAGD_SOCKET, else as the config says."""
+def socket_path(cli_socket=None, cli_config=None, env=os.environ, broken=None) -> Path:
+    """Where a client finds the daemon: --socket, $RAGD_SOCKET, else as the config says.
+    A config that is not valid TOML raises ConfigUnreadable; with `broken` (a function of the
+    reason) its [daemon] socket and data_dir are read line by line instead, and broken told
+    why: a daemon running on the config it read before can still be asked and stopped."""
     if cli_socket:
         return Path(cli_socket).expanduser()
     if env.get("RAGD_SOCKET"):
@@ -158,12 +162,32 @@ def socket_path(cli_socket=None, cli_config=None, env=os.environ) -> Path:
             with open(cfg, "rb") as f:
                 table = tomllib.load(f).get("daemon")
         except tomllib.TOMLDecodeError as e:
-            raise ConfigUnreadable(f"{cfg}: not valid TOML: {e}") from None
+            if broken is None:
+                raise ConfigUnreadable(f"{cfg}: not valid TOML: {e}") from None
+            table = _daemon_lines(cfg)
+            broken(f"{cfg}: not valid TOML: {e}")
         except OSError as e:
             raise ConfigUnreadable(f"{cfg}: cannot read: {e.strerror}") from None
         if table is not None and not isinstance(table, dict):
             table = None
     return resolve_paths(table, env)[1]
+
+
+_DAEMON_KEY = re.compile(r"""^(socket|data_dir)\s*=\s*(?:"([^"\\]*)"|'([^']*)')\s*(?:#.*)?$""")
+
+
+def _daemon_lines(cfg: Path) -> dict:
+    """The plain `socket = "…"` and `data_dir = "…"` lines of a config's [daemon] table, read
+    line by line (the file is not valid TOML)."""
+    table: dict = {}
+    section = None
+    for line in cfg.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line.split("#")[0].strip()
+        elif section == "[daemon]" and (m := _DAEMON_KEY.match(line)):
+            table[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
+    return table
 
 
 # ---------------------------------------------------------------------------------------------

@@ -160,9 +160,9 @@ class Runtime:
                 if b"r" not in asked:  # a signal's number: its handler writes next
                     continue
                 try:
-                    self.reload()
-                except ReloadError as e:
-                    log.error("reload: %s; going on with the config in force", e)
+                    self.ops.reload_config()
+                except ReloadError:  # logged, and shown in status
+                    pass
             log.info("stopping")
         finally:
             self.ops.stopping.set()

@@ -134,6 +134,39 @@ def test_sources_added_removed_and_renamed_live(tmp_path):
     assert r.returncode == 0 and "Other" in r.stdout and "not running" in r.stdout
 
 
+def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_path):
+    """A config file made invalid TOML by an edit: ragd goes on with the config it read, and
+    ragctl still finds it (the [daemon] socket read line by line, with a warning), so it can be
+    asked, reloaded and stopped; status says the last reload failed until one works."""
+    notes = small_vault(tmp_path / "Notes")
+    cfg = _cfg(tmp_path, [{"name": "notes", "path": str(notes), "kind": "obsidian"}])
+    good = cfg.read_text()
+    d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
+    with d:
+        d.wait_idle()
+        cfg.write_text(good + "\nthis is = not [valid\n")
+        r = ragctl("--config", cfg, "reload")
+        assert r.returncode != 0 and "not valid TOML" in r.stderr, (r.returncode, r.stderr)
+        r = ragctl("--config", cfg, "status")
+        assert r.returncode == 0, r.stderr
+        assert "warning" in r.stderr and "not valid TOML" in r.stderr
+        assert "the last reload failed" in r.stdout and "15 files" in r.stdout
+        r = ragctl("--config", cfg, "search", "--mode", "bm25", "QuickAdd")
+        assert r.returncode == 0 and "QuickAdd" in r.stdout, r.stderr
+        cfg.write_text(good)
+        r = ragctl("--config", cfg, "reload")
+        assert r.returncode == 0, r.stderr
+        r = ragctl("--config", cfg, "status")
+        assert r.returncode == 0 and "reload failed" not in r.stdout and not r.stderr
+        cfg.write_text(good + "\nthis is = not [valid\n")
+        # (ragd is this test's child: reaped here, or ragctl would wait on its zombie)
+        stop = subprocess.Popen([sys.executable, "-m", "ragctl", "--config", str(cfg), "stop"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert d.proc.wait(30) == 0
+        out, err = stop.communicate(timeout=30)
+        assert stop.returncode == 0 and "ragd stopped" in out, err
+
+
 def test_a_renamed_source_embeds_nothing_again(tmp_path):
     notes = small_vault(tmp_path / "Notes")
     cfg = _cfg(tmp_path, [{"name": "a", "path": str(notes), "kind": "obsidian"}],
