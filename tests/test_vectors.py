@@ -88,7 +88,7 @@ def test_the_daemon_moves_to_a_graph_past_its_threshold_and_restarts_from_snapsh
         st = wait_embedded(d)
         assert st["engines"]["embedding"]["vectors"] == n + 1
         assert st["engines"]["embedding"]["embedded_texts"] == 0
-        assert "from the saved graph, 0 dropped, 0 read from the cache" in log.read_text()
+        assert "from the saved graph (0 dropped), 0 from the cache" in log.read_text()
         hits = d.call("search", query="baking bread with a sourdough starter", mode="vector",
                       k=1)["results"]
         assert hits[0]["path"] == str(note)
@@ -105,7 +105,7 @@ def test_a_restart_loads_the_matrix_snapshot(make_daemon, tmp_path):
     with d:
         st = wait_embedded(d)
         text = (tmp_path / "data" / "ragd.log").read_text()
-        assert "from the snapshot, 0 read from the cache" in text
+        assert "from the snapshot, 0 from the cache" in text
         assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"] < n
         assert st["engines"]["embedding"]["vector_index"] == "exact"
 
@@ -127,7 +127,7 @@ def test_vectors_read_from_the_cache_are_snapshotted(make_daemon, tmp_path):
     with d:
         st = wait_embedded(d)
         assert st["engines"]["embedding"]["vectors"] == n
-        assert log.read_text().count("from the snapshot, 0 read from the cache") == 1
+        assert log.read_text().count("from the snapshot, 0 from the cache") == 1
 
 
 def test_changes_of_a_file_written_twice_in_one_transaction_add_only_its_last_chunks(tmp_path):

@@ -370,7 +370,7 @@ class VectorStore:
                 self.active = space
             else:
                 self.building = space
-        log.info("vector space %d (%s, %d dims): %d vectors %s, %d texts to embed, in %.2fs",
+        log.info("vector space %d (%s, %d dims): %d vectors%s, %d texts to embed, in %.2fs",
                  chosen, model.name, space.vectors.dims, len(space.vectors), how,
                  space.pending(), time.monotonic() - t0)
         return space
@@ -386,7 +386,8 @@ class VectorStore:
         del rows
         need = np.ones(len(cur_ids), dtype=bool)
         snap = self._read_snapshot(space)
-        how = "read from the cache"
+        how = " read from the cache"
+        kept = None  # what the snapshot gave, when it was used
         if snap is not None and len(cur_ids):
             ids, files, mat, hs = snap
             pos = np.minimum(np.searchsorted(cur_ids, ids), len(cur_ids) - 1)
@@ -394,12 +395,12 @@ class VectorStore:
             if isinstance(mat, AnnIndex):  # the graph itself: drop what no longer holds
                 space.vectors = mat
                 mat.remove(ids[~ok].tolist())
-                how = f"from the saved graph, {int((~ok).sum())} dropped"
+                how = f"from the saved graph ({int((~ok).sum())} dropped)"
             else:
                 space.vectors.add(ids[ok].tolist(), mat[ok], cur_files[pos[ok]].tolist())
                 how = "from the snapshot"
             need[pos[ok]] = False
-            how += f", {int(need.sum())} read from the cache"
+            kept = int(ok.sum())
             stale = bool(need.any() or not ok.all())
         else:
             stale = bool(len(cur_ids))
@@ -419,6 +420,8 @@ class VectorStore:
                     todo[h] = None
         with space.cv:
             space.todo = todo
+        if kept is not None:  # "N vectors: S from the snapshot, C from the cache"
+            how = f": {kept} {how}, {len(space.vectors) - kept} from the cache"
         return how, stale
 
     # -- snapshots ----------------------------------------------------------------------------------
