@@ -77,6 +77,7 @@ class Embedder:
         self.state = "waiting for engine"
         self.problem: str | None = None  # why embedding is paused (the database failed)
         self._pause = PAUSE_START
+        self._engine_lost = False  # "embedding paused" said, "resumed" not yet
         self._stop = threading.Event()
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="embedder-tokenize")
         self.worker = Worker("embedder", self._run)
@@ -198,7 +199,9 @@ class Embedder:
                         self.store.snapshot_if_due(db)
                     self._resumed()
                 except EngineUnavailable as e:
-                    log.info("embedding paused: %s", e)
+                    if not self._engine_lost:  # once; "resumed" when it answers again
+                        log.info("embedding paused: %s", e)
+                        self._engine_lost = True
                     self._stop.wait(0.2)
                 except sqlite3.OperationalError as e:
                     if not store.transient(e):
@@ -219,6 +222,9 @@ class Embedder:
         self._pause = min(self._pause * 2, PAUSE_MAX)
 
     def _resumed(self) -> None:
+        if self._engine_lost:
+            log.info("embedding resumed")
+            self._engine_lost = False
         if self.problem is not None:
             log.info("embedder: the index can be written again")
             self.problem = None
