@@ -52,6 +52,7 @@ BATCH_FILES = 500
 BATCH_SECONDS = 0.5
 LIVE_FILES = 8
 PAUSE_START, PAUSE_MAX = 1.0, 60.0  # backoff when the database itself fails (disk full, ...)
+GONE_RESCAN = 1.0  # a source scanned while folders were deleted is scanned again after this
 RESCAN_START = 30.0  # a source with folders that could not be listed is scanned again after this
 
 
@@ -476,6 +477,14 @@ class Indexer:
                 if state.last_error and "could not be listed" in state.last_error:
                     state.last_error = None
             state.rescan_delay = RESCAN_START
+            return
+        if not any((src.root / d).exists() for d in listing.unlisted):
+            # Folders deleted (or moved away) while the scan walked them: nothing is wrong. Their
+            # files are kept until a listing shows them gone: the next scan, in a second.
+            state.unlisted = was
+            log.info("source %s: %d folder(s) went away while it was scanned; scanning again",
+                     src.name, len(listing.unlisted))
+            self.call_later(GONE_RESCAN, lambda: self.request_scan(src.name))
             return
         where, why = next(iter(sorted(listing.unlisted.items())))
         state.last_error = (f"{len(listing.unlisted)} folder(s) could not be listed, e.g. "
