@@ -112,6 +112,17 @@ def test_a_folder_with_subfolders_moved_writes_nothing_and_keeps_vectors_equal_t
         assert after["chunks_written"] == before["chunks_written"]
         chunks = st["sources"][0]["chunks"]
         assert st["engines"]["embedding"]["vectors"] == chunks
+        # there and back and there again within one quiet period: where it ends is what counts
+        a, b = root / "How To", root / "Elsewhere"
+        for src, dst in ((a, b), (b, a), (a, b)):
+            os.rename(src, dst)
+        assert wait_settled(d, "Elsewhere/Other Plugins", "QuickAdd")
+        st = wait_embedded(d)
+        assert st["sources"][0]["files"] == 15 and st["sources"][0]["chunks"] == chunks
+        assert st["engines"]["embedding"]["vectors"] == chunks
+        assert st["totals"]["chunks_written"] == before["chunks_written"]
+        paths = {r["path"] for r in d.call("files")["files"]}
+        assert paths and all("/Elsewhere/" in p for p in paths), sorted(paths)[:3]
 
 
 def test_a_folder_moved_out_and_back_logs_no_library_warning(make_daemon, tmp_path):

@@ -200,8 +200,8 @@ class Watcher:
         self._lock = threading.Condition()
         self._due: dict[tuple[str, str], float] = {}  # (source, rel) -> time it settles
         self._seen: dict[tuple[str, str], float] = {}  # (source, rel) -> first event (wall time)
-        # (source, old rel, new rel) -> due. A folder's move is told once for the folder and
-        # once for each file and subfolder under it (watchdog): one entry each.
+        # (source, old rel, new rel) -> due, in the order told. A folder's move is told once for
+        # the folder and once for each file and subfolder under it (watchdog): one entry each.
         self._moves: dict[tuple[str, str, str], float] = {}
         self._inflight = 0  # taken off the queues, not yet handed to the indexer
         self._folder_made_at = -1e9  # monotonic time of the last folder created (see below)
@@ -400,7 +400,7 @@ class Watcher:
             new_ok = new is not None and rules.wanted(new)
             if old_ok and new_ok:
                 with self._lock:
-                    self._moves.setdefault((s.name, old, new), now + self.quiet)
+                    self._add_move((s.name, old, new), now)
                     self._lock.notify_all()
                 return
             self._settle([(s.name, rel) for rel, ok in ((old, old_ok), (new, new_ok)) if ok],
@@ -443,9 +443,14 @@ class Watcher:
             return
         with self._lock:
             for rel_new in files:
-                self._moves.setdefault((s.name, old + rel_new[len(new):], rel_new),
-                                       now + self.quiet)
+                self._add_move((s.name, old + rel_new[len(new):], rel_new), now)
             self._lock.notify_all()
+
+    def _add_move(self, move: tuple[str, str, str], now: float) -> None:
+        """A move waits once however often it is told; told again, it goes last (a folder moved
+        A -> B -> A -> B in one quiet period is applied in that order). Under self._lock."""
+        self._moves.pop(move, None)
+        self._moves[move] = now + self.quiet
 
     def _walk(self, s: Source, rel_dir: str, now: float) -> None:
         self._settle([(s.name, rel) for rel in self._files_under(s, rel_dir)], now)
