@@ -243,6 +243,8 @@ def load(cli_path: str | os.PathLike | None = None, env=os.environ,
             raise ConfigError(f"{path}: config file not found") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        except UnicodeDecodeError as e:  # (tomllib reads UTF-8 only)
+            raise ConfigError(f"{path}: not valid TOML: {protocol.not_utf8(e)}") from None
         except OSError as e:
             raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     return from_dict(raw, path, env, extra_sources or [])

@@ -768,11 +768,14 @@ class Ops:
         from ragd.runtime import ReloadError
         try:
             res = self.reload()
-        except ReloadError as e:  # the log and status say why nothing changed
+        except Exception as e:  # the log and status say why nothing changed; never fatal
+            if not isinstance(e, ReloadError):
+                log.exception("reload failed")
+                e = ReloadError(f"{type(e).__name__}: {e}")
             log.error("reload: %s; going on with the config in force", e)
             self.reload_failed = (f"the last reload failed: {e}; ragd goes on with the config "
                                   f"in force (fix it, then 'ragctl reload')")
-            raise
+            raise e from None
         self.reload_failed = None
         return res
 

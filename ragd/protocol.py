@@ -161,16 +161,22 @@ def socket_path(cli_socket=None, cli_config=None, env=os.environ, broken=None) -
         try:
             with open(cfg, "rb") as f:
                 table = tomllib.load(f).get("daemon")
-        except tomllib.TOMLDecodeError as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            why = not_utf8(e) if isinstance(e, UnicodeDecodeError) else str(e)
             if broken is None:
-                raise ConfigUnreadable(f"{cfg}: not valid TOML: {e}") from None
+                raise ConfigUnreadable(f"{cfg}: not valid TOML: {why}") from None
             table = _daemon_lines(cfg)
-            broken(f"{cfg}: not valid TOML: {e}")
+            broken(f"{cfg}: not valid TOML: {why}")
         except OSError as e:
             raise ConfigUnreadable(f"{cfg}: cannot read: {e.strerror}") from None
         if table is not None and not isinstance(table, dict):
             table = None
     return resolve_paths(table, env)[1]
+
+
+def not_utf8(e: UnicodeDecodeError) -> str:
+    """Why a config file is not TOML's UTF-8, for the user."""
+    return f"not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start})"
 
 
 _DAEMON_KEY = re.compile(r"""^(socket|data_dir)\s*=\s*(?:"([^"\\]*)"|'([^']*)')\s*(?:#.*)?$""")

@@ -153,6 +153,20 @@ def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_pat
         assert "the last reload failed" in r.stdout and "15 files" in r.stdout
         r = ragctl("--config", cfg, "search", "--mode", "bm25", "QuickAdd")
         assert r.returncode == 0 and "QuickAdd" in r.stdout, r.stderr
+        # not even UTF-8 (TOML's encoding), and told by SIGHUP (systemctl reload): it killed
+        # the daemon with a UnicodeDecodeError
+        cfg.write_bytes(b"\xff\n" + good.encode())
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "not UTF-8" not in d.log.read_text(errors="replace"):
+            assert time.monotonic() < deadline and d.proc.poll() is None
+            time.sleep(0.05)
+        r = ragctl("--config", cfg, "status")
+        assert r.returncode == 0 and "not UTF-8" in r.stderr, r.stderr
+        assert "the last reload failed" in r.stdout and "not UTF-8" in r.stdout
+        r = ragctl("--config", cfg, "reload")
+        assert r.returncode != 0 and "not UTF-8" in r.stderr and "Traceback" not in r.stderr
+        assert d.proc.poll() is None
         cfg.write_text(good)
         r = ragctl("--config", cfg, "reload")
         assert r.returncode == 0, r.stderr
