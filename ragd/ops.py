@@ -599,6 +599,7 @@ class Ops:
     def cmd_buffer_set(self, session, path: str, text: str, version: int | None) -> dict:
         """While this connection holds it, search and related see this text instead of the
         file's (see index/buffers.py)."""
+        _absolute("buffer_set", path)
         try:
             out = self.buffers.set(session.id, path, text, version)
         except BufferError as e:
@@ -607,6 +608,7 @@ class Ops:
         return out
 
     def cmd_buffer_drop(self, session, path: str) -> dict:
+        _absolute("buffer_drop", path)
         p = os.path.abspath(os.path.expanduser(path))
         return {"dropped": self.buffers.drop(session.id, p)}
 
@@ -617,6 +619,8 @@ class Ops:
         t0 = time.perf_counter()
         if (path is None) == (text is None):
             raise OpError(P.BAD_ARGS, "related: give either 'path' or 'text'")
+        if path is not None:
+            _absolute("related", path)
         if not 1 <= k <= 100:
             raise OpError(P.BAD_ARGS, f"related: 'k' must be between 1 and 100, got {k}")
         space = self.vectors.active
@@ -782,6 +786,14 @@ class Ops:
     def cmd_stop(self) -> dict:
         self.stopping.set()
         return AfterReply({"stopping": True, "pid": os.getpid()}, self.request_stop)
+
+
+def _absolute(op: str, path: str) -> None:
+    """A path argument must be absolute (or start with ~): a relative one would be resolved
+    against the daemon's working folder, which is not the client's."""
+    if not os.path.isabs(os.path.expanduser(path)):
+        raise OpError(P.BAD_ARGS, f"{op}: path must be absolute (as search results give it), "
+                      f"got {path!r}")
 
 
 FILES_PAGE_MAX = 10000

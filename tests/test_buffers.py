@@ -50,6 +50,12 @@ def test_a_buffer_is_searched_instead_of_its_file_and_never_written(make_daemon,
             with pytest.raises(P.DaemonError) as e:
                 editor.call("buffer_set", path=str(tmp_path / "elsewhere.md"), text="x")
             assert e.value.code == "not_found"
+            # a relative path would be resolved against the daemon's folder, not the editor's
+            for op, args in (("buffer_set", {"text": "x"}), ("buffer_drop", {}),
+                             ("related", {})):
+                with pytest.raises(P.DaemonError) as e:
+                    editor.call(op, path=note.name, **args)
+                assert e.value.code == "bad_args" and "must be absolute" in e.value.message
             # dropped: the file's text again
             assert editor.call("buffer_drop", path=str(root / "other.md")) == {"dropped": True}
             assert d.call("search", query="zeppelin")["results"]
