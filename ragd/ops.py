@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -848,6 +849,10 @@ def _when(op: str, name: str, value) -> float | None:
         try:
             t = datetime.datetime.fromisoformat(value.strip()).timestamp()
         except (ValueError, OverflowError):
+            t = None
+        if t is None and re.fullmatch(r"[+-]?\d+(\.\d+)?", value.strip()):
+            t = float(value)  # Unix seconds as text (ragctl search --since 1700000000)
+        if t is None:
             raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be a date (YYYY-MM-DD), a date-time "
                           f"or Unix seconds, got {value!r}") from None
     else:

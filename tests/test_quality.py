@@ -66,6 +66,8 @@ def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
         assert names(since="2026-06-05") == ["beta.md", "day.md"]
         assert names(before="2026-06-05") == ["alpha.md"]
         assert names(since=t0 + 5 * day, before=t0 + 15 * day) == ["beta.md"]
+        # Unix seconds as text, as ragctl search --since sends them
+        assert names(since=str(int(t0 + 5 * day)), before=str(t0 + 15 * day)) == ["beta.md"]
         assert names(path="Projects/*") == ["alpha.md", "beta.md"]
         assert names(since="2000-01-01") == names()  # a filter every file passes
         # far bounds are bounds, not an internal error (they overflowed SQLite's integers)
