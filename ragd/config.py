@@ -209,6 +209,17 @@ class Config:
     def source(self, name: str) -> Source | None:
         return next((s for s in self.sources if s.name == name), None)
 
+    @property
+    def overlaps(self) -> list[str]:
+        """A source whose folder is inside another's: a file both include is indexed, and
+        found, twice. Not an error (notes in one, PDFs in the other is fine), but said
+        (`ragctl sources add` refuses it)."""
+        roots = [(s, Path(os.path.realpath(s.root))) for s in self.sources]
+        return [f"source {a.name!r} ({a.root}) is inside source {b.name!r}: a file both include "
+                f"is indexed, and found, twice (exclude it from {b.name!r}, or remove one)"
+                for a, ra in roots for b, rb in roots
+                if a is not b and ra.is_relative_to(rb) and (ra != rb or a.name > b.name)]
+
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
                list: "a list", dict: "a table"}

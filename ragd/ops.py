@@ -210,7 +210,7 @@ class Ops:
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self._engines_status()
-        hints = sorted(self.indexer.hints)
+        hints = sorted(self.indexer.hints) + self.cfg.overlaps
         if self.reload_failed:
             hints.insert(0, self.reload_failed)
         per_source = []

@@ -144,6 +144,8 @@ class Runtime:
                 self.text.start()
             log.info("ready in %.3fs; indexing %d source(s) in the background",
                      time.monotonic() - t0, len(cfg.sources))
+            for overlap in cfg.overlaps:
+                log.warning("%s", overlap)
             self._schedule_gc(first=60.0)
             # A signal may be taken by any thread; Python runs its handler on the main thread
             # only once that thread runs bytecode again, and this one sleeps in os.read: a
@@ -261,7 +263,11 @@ class Runtime:
                     setattr(cfg, field, getattr(new, field))
                 model_note = self._change_model(cfg)
             cfg.path = new.path
+            said = set(cfg.overlaps)
             cfg.sources = new.sources
+            for overlap in cfg.overlaps:
+                if overlap not in said:
+                    log.warning("%s", overlap)
             logging.getLogger("ragd").setLevel(cfg.log_level.upper())
             if self.watcher is not None:
                 self.watcher.quiet = cfg.watch_quiet_ms / 1000

@@ -119,6 +119,16 @@ def test_sources_added_removed_and_renamed_live(tmp_path):
         r = ragctl("--config", cfg, "sources", "add", str(tmp_path))
         assert r.returncode == 2 and "holds the source 'notes'" in r.stderr, r.stderr
         assert cfg.read_text() == before
+        # written by hand: taken (other include rules may keep them apart), and said
+        cfg.write_text(before + f'\n[[sources]]\nname = "inner"\npath = "{notes / "How To"}"\n')
+        r = ragctl("--config", cfg, "reload")
+        assert r.returncode == 0, r.stderr
+        hint = "source 'inner' (" + str(notes / "How To") + ") is inside source 'notes'"
+        assert any(h.startswith(hint) for h in d.call("status")["hints"])
+        assert d.log.read_text().count(hint) == 1
+        cfg.write_text(before)
+        assert ragctl("--config", cfg, "reload").returncode == 0
+        assert not any("is inside source" in h for h in d.wait_idle()["hints"])
         # removed: never searched again
         r = ragctl("--config", cfg, "sources", "remove", "notes")
         assert r.returncode == 0, r.stderr
