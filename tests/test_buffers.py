@@ -121,6 +121,40 @@ def test_a_buffer_embeds_only_its_new_texts_and_related_notes(make_daemon, tmp_p
         assert e.value.code == "bad_args"
 
 
+def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, tmp_path):
+    """A section held word for word by many notes (a licence footer) does not link them:
+    related answers from the note's own sections, by topic."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    footer = ("\n## Copyright\n\nThis document has been placed in the public domain. "
+              "It may be copied and changed freely.\n")
+    topics = {
+        "roses.md": "# Pruning roses\n\nCut rose stems above an outward bud in late winter, "
+                    "and feed the roses with compost in spring.\n",
+        "tulips.md": "# Planting tulips\n\nPlant tulip bulbs in autumn, pointed end up, in "
+                     "well drained soil of the flower bed.\n",
+        "brakes.md": "# Brake pads\n\nReplace the car's brake pads when they squeal; check "
+                     "the discs and the brake fluid level at the same time.\n",
+        "tax.md": "# Tax return\n\nFile the income tax return before the deadline and keep "
+                  "the receipts for deductions.\n",
+    }
+    for name, body in topics.items():
+        (root / name).write_text(body + footer)
+    d = make_daemon(sources=[{"name": "docs", "path": str(root)}], extra=engine_config())
+    with d:
+        wait_embedded(d)
+        rel = d.call("related", path=str(root / "roses.md"), k=3)["results"]
+        assert rel[0]["path"] == str(root / "tulips.md"), rel
+        # linked from the note's own section (lines 1-3), not from the footer (lines 5-7)
+        assert all(r["link"]["from"]["line_end"] <= 3 for r in rel), rel
+        text = ("# Sowing lettuce\n\nSow lettuce seeds thinly in the garden bed in spring "
+                "and water the seedlings.\n" + footer)
+        by_text = d.call("related", text=text, k=2)["results"]
+        assert {r["path"] for r in by_text} == {str(root / "roses.md"),
+                                                str(root / "tulips.md")}, by_text
+        assert all(r["link"]["from"]["line_end"] <= 3 for r in by_text), by_text
+
+
 def test_a_buffer_is_scored_as_a_whole_note_as_its_file_would_be(make_daemon, tmp_path):
     """The whole-note BM25 (search.note_weight) of an unsaved buffer is computed as FTS5
     computes a note's: a buffer holding the same text as an indexed note (under a title of as
