@@ -45,6 +45,18 @@ def test_scan_skips_dot_folders_and_follows_globs(tmp_path):
     assert sorted(sources.scan(src).files) == ["a.md", "sub/c.md"]
 
 
+def test_a_folder_takes_upper_case_extensions_and_a_vault_does_not(tmp_path):
+    for rel in ["a.md", "NOTES.MD", "Report.Pdf", "sub/Readme.TXT", "skip/OLD.MD", "x.mdx"]:
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("x")
+    folder = Source("f", tmp_path, "folder", DEFAULT_INCLUDE["folder"], ("Skip/**",))
+    assert sorted(sources.scan(folder).files) == ["NOTES.MD", "Report.Pdf", "a.md",
+                                                  "sub/Readme.TXT"]
+    vault = Source("v", tmp_path, "obsidian", DEFAULT_INCLUDE["obsidian"], ("Skip/**",))
+    assert sorted(sources.scan(vault).files) == ["a.md"]
+
+
 def test_read_reasons(tmp_path):
     (tmp_path / "bin.md").write_bytes(b"abc\x00def")
     (tmp_path / "big.md").write_text("x" * 100)
