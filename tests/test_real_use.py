@@ -226,6 +226,46 @@ def test_a_renamed_source_embeds_nothing_again(tmp_path):
         assert r.returncode == 0 and "source b: its folder is not there" in r.stdout, r.stdout
 
 
+def test_a_source_removed_while_its_texts_wait_for_vectors_is_not_left_to_embed(tmp_path):
+    """Removed while its texts were still waiting for a vector: status went on counting them
+    in pending_texts (and the ETA) until the embedder reached them (with the engine down or
+    busy, until a restart). The engine is stopped (SIGSTOP) so nothing is embedded meanwhile;
+    at most the batch in the embedder's hands is counted beyond what the kept source lacks."""
+    from conftest import copy_vault
+    from ragd.index.embedder import WORK_BATCH
+
+    keep = small_vault(tmp_path / "Notes")
+    big = copy_vault("obsidian-tasks-docs", tmp_path / "Tasks")
+    cfg = _cfg(tmp_path, [{"name": "notes", "path": str(keep), "kind": "obsidian"},
+                          {"name": "tasks", "path": str(big), "kind": "obsidian"}],
+               engine_config())
+    d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
+    with d:
+        d.wait_idle()  # the text indexed; vectors coming
+        deadline = time.monotonic() + 120
+        while not ((e := d.call("status")["engines"]["embedding"]).get("pid")
+                   and e.get("vectors", 0) >= 1):
+            assert time.monotonic() < deadline, e
+            time.sleep(0.05)
+        os.kill(e["pid"], signal.SIGSTOP)
+        try:
+            r = ragctl("--config", cfg, "sources", "remove", "tasks")
+            assert r.returncode == 0, r.stderr
+            st = d.wait_idle()  # purged
+            assert [s["name"] for s in st["sources"]] == ["notes"]
+            e = st["engines"]["embedding"]
+            db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+            (missing,) = db.execute(
+                "SELECT COUNT(DISTINCT embed_hash) FROM chunks WHERE embed_hash NOT IN "
+                "(SELECT text_hash FROM embeddings WHERE space = ?)", (e["space"],)).fetchone()
+            db.close()
+            assert missing > 0 and e["pending_texts"] <= missing + WORK_BATCH, (missing, e)
+        finally:
+            os.kill(e["pid"], signal.SIGCONT)
+        st = wait_embedded(d)  # and what the kept source needs is still embedded
+        assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
+
+
 def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_path):
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAGD_", "XDG_"))}

@@ -106,7 +106,7 @@ class Stats:
 
 class Indexer:
     def __init__(self, cfg: Config, db_path: Path, listener=None, events=None):
-        # listener: has .sync (a lock) and .chunks_changed(db, removed, added), called after
+        # listener: has .sync (a lock) and .chunks_changed(db, removed, added, gone), called after
         # each commit with the lock held (the embedder, mirroring chunks into the vectors).
         self.listener = listener
         self.events = events  # an EventBus, or None
@@ -731,7 +731,8 @@ class Indexer:
                 self._db.execute("COMMIT")
                 if changes.removed or changes.added:
                     try:
-                        self.listener.chunks_changed(self._db, changes.removed, changes.added)
+                        self.listener.chunks_changed(self._db, changes.removed, changes.added,
+                                                     changes.gone)
                     except Exception:  # committed; the vectors catch up at the next start
                         log.exception("updating the vectors after a commit failed")
         self._publish()

@@ -491,21 +491,26 @@ class Changes:
     rows still there: a row added and removed again in the same transaction (a file written
     twice in one batch) is dropped from it, where it would have been mirrored for a chunk
     that no longer exists. (An id removed and then added again is in both: SQLite reuses the
-    largest ids.)"""
+    largest ids.) `gone` holds the embed hashes of the removed rows, so the vectors can drop
+    from their queue the texts no chunk has any more (a source purged while its texts were
+    still waiting for a vector: status counted them to embed)."""
     removed: list[int]
+    gone: set[str]
     _added: dict[int, tuple[int, str, int]]
 
     def __init__(self):
-        self.removed, self._added = [], {}
+        self.removed, self.gone, self._added = [], set(), {}
 
     @property
     def added(self) -> list[tuple[int, str, int]]:
         """(chunk id, embed_hash, file id) of the rows added and still there."""
         return list(self._added.values())
 
-    def remove(self, ids: Iterable[int]) -> None:
-        for cid in ids:
+    def remove(self, rows: Iterable[tuple[int, str]]) -> None:
+        """(chunk id, embed_hash) of rows removed."""
+        for cid, h in rows:
             self.removed.append(cid)
+            self.gone.add(h)
             self._added.pop(cid, None)
 
     def add(self, rows: Iterable[tuple[int, str, int]]) -> None:
@@ -514,7 +519,10 @@ class Changes:
 
     def extend(self, other: "Changes") -> None:
         """Another's changes, made after these."""
-        self.remove(other.removed)
+        for cid in other.removed:
+            self.removed.append(cid)
+            self._added.pop(cid, None)
+        self.gone |= other.gone
         self.add(other._added.values())
 
 
@@ -558,8 +566,8 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
                    (size, mtime_ns, hash_, status, reason, now, meta, n, file_id))
     if chunks is not None:
         if changes is not None:
-            changes.remove(r[0] for r in db.execute(
-                "SELECT id FROM chunks WHERE file_id = ?", (file_id,)))
+            changes.remove(db.execute("SELECT id, embed_hash FROM chunks WHERE file_id = ?",
+                                      (file_id,)))
         db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
         db.executemany(
             "INSERT INTO chunks (file_id, ordinal, heading, line_start, line_end, text, "
@@ -617,8 +625,8 @@ def touch_file(db: sqlite3.Connection, file_id: int, size: int, mtime_ns: int) -
 
 def delete_file(db: sqlite3.Connection, file_id: int, changes: Changes | None = None) -> None:
     if changes is not None:
-        changes.remove(r[0] for r in db.execute("SELECT id FROM chunks WHERE file_id = ?",
-                                                (file_id,)))
+        changes.remove(db.execute("SELECT id, embed_hash FROM chunks WHERE file_id = ?",
+                                  (file_id,)))
     db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
     db.execute("DELETE FROM files WHERE id = ?", (file_id,))
 

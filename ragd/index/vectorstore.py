@@ -146,6 +146,27 @@ class Space:
             self.inflight -= n
             self.cv.notify_all()
 
+    def queued(self, hashes: set[str]) -> set[str]:
+        """Those of these hashes waiting in the queue (not those being embedded now)."""
+        with self.cv:
+            out = {h for h in hashes if h in self.todo}
+            out.update(h for _, h in self.retry if h in hashes)
+            return out
+
+    def forget(self, hashes: set[str]) -> None:
+        """Texts no chunk has any more, out of the queue: what is left to embed (status'
+        pending_texts and its ETA) no longer counts them. Those being embedded now are dropped
+        by the embedder when it finds no chunk for them."""
+        if not hashes:
+            return
+        with self.cv:
+            for h in hashes:
+                self.todo.pop(h, None)
+            if any(h in hashes for _, h in self.retry):
+                self.retry = [r for r in self.retry if r[1] not in hashes]
+                heapq.heapify(self.retry)
+            self.cv.notify_all()  # wait_idle: it may be idle now
+
     def later(self, when: float, h: str) -> None:
         with self.cv:
             heapq.heappush(self.retry, (when, h))
@@ -182,13 +203,17 @@ class VectorStore:
         return [s for s in (self.active, self.building) if s is not None]
 
     def chunks_changed(self, db: sqlite3.Connection, removed: list[int],
-                       added: list[tuple[int, str, int]]) -> None:
+                       added: list[tuple[int, str, int]], gone: set[str] = frozenset()) -> None:
         """Called after each commit of the indexer, with self.sync held: every open space
-        drops the removed chunks, takes the cached vectors of the added ones, and queues the
-        texts that have none."""
+        drops the removed chunks (and from its queue the texts of theirs, `gone`, that no
+        chunk has any more: a source removed while its texts were waiting), takes the cached
+        vectors of the added ones, and queues the texts that have none."""
         for space in self.spaces():
             if removed:
                 self._remove(space, removed)
+                queued = space.queued(gone)  # (an edit's, the queue empty: nothing to read)
+                if queued:
+                    space.forget(queued - self._chunk_texts(db, queued))
             if not added:
                 continue
             by_hash: dict[str, list[tuple[int, int]]] = {}
@@ -200,6 +225,18 @@ class VectorStore:
                 space.queue(missing)
         if self.committed_hook is not None:
             self.committed_hook()
+
+    @staticmethod
+    def _chunk_texts(db: sqlite3.Connection, hashes) -> set[str]:
+        """Those of these texts (embed hashes) that some chunk has."""
+        out: set[str] = set()
+        hs = list(hashes)
+        for i in range(0, len(hs), 500):
+            part = hs[i:i + 500]
+            out.update(r[0] for r in db.execute(
+                f"SELECT DISTINCT embed_hash FROM chunks WHERE embed_hash IN "
+                f"({','.join('?' * len(part))})", part))
+        return out
 
     def embed_now(self, db: sqlite3.Connection, records: list):
         hook = self.embed_now_hook
