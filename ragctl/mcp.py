@@ -414,12 +414,16 @@ _SOURCE = _object({
 
 _ENGINE = _object({
     "model": _OPT_STR, "state": _OPT_STR, "reason": _OPT_STR,
-    "embedder": _OPT_STR, "vectors": _INT, "pending_texts": _INT,
+    "embedder": _OPT_STR, "vectors": _INT,
+    "pending_texts": {"type": ["integer", "null"],
+                      "description": "texts still without a vector (null until counted)"},
 }, closed=False)
 
 STATUS_OUT = _object({
     "version": _STR, "pid": _INT,
-    "idle": {"type": "boolean", "description": "nothing waiting to be indexed"},
+    "idle": {"type": "boolean", "description": "nothing waiting to be indexed (files; texts "
+                                               "still without a vector are the embedding "
+                                               "engine's pending_texts)"},
     "pending": {"type": "integer", "description": "files waiting to be (re)indexed"},
     "sources": {"type": "array", "items": _SOURCE},
     "engines": {"type": "object", "description": "per role (embedding, reranker)",
@@ -440,9 +444,20 @@ def run_status(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
 
 
 def status_text(out: dict) -> str:
-    lines = [f"ragd {out['version']} (pid {out['pid']}): "
-             + ("index up to date" if out["idle"] else
-                f"indexing, {out['pending']} file(s) waiting")]
+    # `idle` is about files only: while vectors are still coming, a search by meaning misses
+    # the notes not embedded yet, so the headline says so rather than "up to date" (an agent
+    # reads the first line).
+    emb = out["engines"].get("embedding", {})
+    todo = emb.get("pending_texts")
+    if not out["idle"]:
+        state = f"indexing, {out['pending']} file(s) waiting"
+    elif todo:
+        state = f"files indexed; vectors still being computed ({todo} texts to embed)"
+    elif "vectors" in emb and todo is None:
+        state = f"files indexed; vectors not counted yet (embedder: {emb.get('embedder')})"
+    else:
+        state = "index up to date"
+    lines = [f"ragd {out['version']} (pid {out['pid']}): {state}"]
     if not out["sources"]:
         lines.append("No sources configured.")
     for s in out["sources"]:
@@ -458,7 +473,9 @@ def status_text(out: dict) -> str:
     for role, e in out["engines"].items():
         line = f"{role} engine: {e.get('state')} (model {e.get('model')})"
         if "vectors" in e:
-            line += f", {e['vectors']} vectors, {e.get('pending_texts', 0)} texts to embed"
+            todo = e.get("pending_texts")
+            line += f", {e['vectors']} vectors, " + (f"{todo} texts to embed" if todo is not None
+                                                     else "texts to embed not counted yet")
         lines.append(line)
         if e.get("reason"):
             lines.append("  " + e["reason"].replace("\n", "\n  "))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -530,6 +531,43 @@ def test_hybrid_search_with_the_real_engine(make_daemon, vault, tmp_path):
             res = m.call("related", {"path": "/not/in/any/source.md"}, modern=True)
             assert res["isError"] and "not in any source" in text_of(res)
             assert m.close() == 0
+
+
+def test_status_says_vectors_are_still_coming_while_files_are_indexed(make_daemon, vault,
+                                                                       tmp_path):
+    """Status' `idle` is about files: with every file indexed and vectors still being computed,
+    the headline said "index up to date". The bulk engine is stopped (SIGSTOP) once the first
+    vectors are in, so texts are left to embed."""
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        d.wait_idle()
+        deadline = time.monotonic() + 120
+        while not ((e := d.call("status")["engines"]["embedding"]).get("pid")
+                   and e.get("vectors", 0) >= 1):
+            assert time.monotonic() < deadline, e
+            time.sleep(0.05)
+        os.kill(e["pid"], signal.SIGSTOP)
+        try:
+            with Mcp("--config", d.config, tmp=tmp_path) as m:
+                schema = tool_schemas(m.result("tools/list", meta())["tools"])["status"]
+                res = m.call("status", modern=True)
+                out = res["structuredContent"]
+                jsonschema.validate(out, schema["outputSchema"])
+                todo = out["engines"]["embedding"]["pending_texts"]
+                assert out["idle"] is True and todo > 0, out
+                head = text_of(res).splitlines()[0]
+                assert "up to date" not in head, head
+                assert f"vectors still being computed ({todo} texts to embed)" in head, head
+                assert m.close() == 0
+            # before the vectors are loaded and counted, pending_texts is null (the schema
+            # said integer)
+            from ragctl import mcp
+            out["engines"]["embedding"]["pending_texts"] = None
+            jsonschema.validate(out, schema["outputSchema"])
+            assert "vectors not counted yet" in mcp.status_text(out).splitlines()[0]
+        finally:
+            os.kill(e["pid"], signal.SIGCONT)
 
 
 # ---------------------------------------------------------------------------------------------
