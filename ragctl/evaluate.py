@@ -9,6 +9,11 @@ out-of-scope question: the vault does not answer it, and the figure is how many 
 Each question is searched as a person would (over the socket, the daemon's defaults); a note
 counts once, at the rank of its best result. Metrics, by note: hit@1, hit@3, hit@5 (a relevant
 note in the top n), MRR@10 and nDCG@10.
+
+Run while the vectors are still being computed, the vector and hybrid figures are those of a
+partial index (hybrid ranks by keywords below 95% coverage): the lowest vector coverage the
+replies gave is kept (``vector_coverage``), and the figures are marked not final
+(``vectors_partial``, a note under the table).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
     rows = []
     lat = []
     used: dict[str, int] = {}  # the modes the replies say they used
+    coverage: float | None = None  # the lowest vector coverage of a reply (None: no vectors)
     for q in questions:
         args = {"query": q["question"], "k": max(k, 10)}
         if mode:
@@ -78,6 +84,8 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
         res = client.call("search", **args)
         lat.append((time.perf_counter() - t) * 1e3)
         used[res["mode"]] = used.get(res["mode"], 0) + 1
+        if res.get("vector_coverage") is not None:
+            coverage = min(res["vector_coverage"], 1.0 if coverage is None else coverage)
         ranked: list[str] = []
         for r in res["results"]:
             root = roots.get(r["source"])
@@ -101,6 +109,8 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
         out["by_kind"][kind] = {"n": len(sub), **_mean(sub)}
     oos = [r for r in rows if "mrr@10" not in r]
     out["in_scope_flagged"] = sum(r["low_confidence"] for r in scored)
+    out["vector_coverage"] = coverage
+    out["vectors_partial"] = coverage is not None and coverage < 1.0
     if oos:
         out["out_of_scope"] = {"n": len(oos),
                                "nothing_relevant": sum(r["nothing_relevant"] for r in oos),
@@ -144,4 +154,11 @@ def table(results: list[dict]) -> str:
             extra += (f"; out of scope: {o['flagged']} of {o['n']} flagged "
                       f"({o['nothing_relevant']} answered nothing relevant)")
         lines.append(extra + f"; search p50 {res['p50_ms']} ms")
+    for res in results:
+        if res.get("vectors_partial"):
+            pct = 100 * res["vector_coverage"]
+            shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.7 is not "100%")
+            lines.append(f"note: {res['mode']}: vectors covered only {shown} of the chunks "
+                         f"(still being embedded): these figures are not final; run it again "
+                         f"once 'ragctl status' shows every chunk embedded")
     return "\n".join(lines)

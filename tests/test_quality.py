@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -122,8 +123,10 @@ def test_eval_measures_by_note(make_daemon, tmp_path):
         assert res["overall"]["hit@1"] == round(2 / 3, 4)  # a and b first; c never
         assert res["by_kind"]["other"]["mrr@10"] == 0.0
         assert res["out_of_scope"] == {"n": 1, "nothing_relevant": 1, "flagged": 1}
+        assert res["vector_coverage"] is None and res["vectors_partial"] is False  # BM25 only
         r = ragctl("--config", d.config, "eval", "--misses", qfile)
         assert "miss" in r.stdout and "dough" in r.stdout and "hit@1" in r.stdout
+        assert "not final" not in r.stdout
         assert r.stderr == "" and "default" not in r.stdout  # rows name the mode used
         (root / "pears.md").rename(root / "pear.md")  # the questions file now names a ghost
         r = ragctl("--config", d.config, "eval", qfile)
@@ -133,6 +136,41 @@ def test_eval_measures_by_note(make_daemon, tmp_path):
         bad.write_text('{"question": "x"}\n{not json\n')
         r = ragctl("--config", d.config, "eval", bad)
         assert r.returncode == 2 and f"{bad}:2" in r.stderr
+
+
+def test_eval_while_vectors_are_still_coming_says_its_figures_are_not_final(make_daemon,
+                                                                             tmp_path):
+    """ragctl eval run while embedding was still in progress gave figures for a partial index
+    (hybrid ranks by keywords below 95% coverage) and said nothing of it. The bulk engine is
+    stopped (SIGSTOP) once the first vectors are in; the query engine still embeds questions."""
+    root = small_vault(tmp_path / "vault")
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text(json.dumps({"question": "show my tasks on a kanban board",
+                                 "relevant": ["Other Plugins/Kanban Plugin.md"]}) + "\n")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        d.wait_idle()
+        deadline = time.monotonic() + 120
+        while not ((e := d.call("status")["engines"]["embedding"]).get("pid")
+                   and e.get("vectors", 0) >= 1):
+            assert time.monotonic() < deadline, e
+            time.sleep(0.05)
+        os.kill(e["pid"], signal.SIGSTOP)
+        try:
+            r = ragctl("--config", d.config, "--json", "eval", "--mode", "all", qfile)
+            assert r.returncode == 0, r.stderr
+            bm25, vector, hybrid = json.loads(r.stdout)
+            assert bm25["vector_coverage"] is None and bm25["vectors_partial"] is False
+            for res in (vector, hybrid):
+                assert 0 < res["vector_coverage"] < 1 and res["vectors_partial"] is True, res
+            r = ragctl("--config", d.config, "eval", "--mode", "hybrid", qfile)
+            assert r.returncode == 0, r.stderr
+            note = [ln for ln in r.stdout.splitlines() if ln.startswith("note: hybrid:")]
+            assert len(note) == 1 and "not final" in note[0], r.stdout
+            assert "vectors covered only " in note[0] and "% of the chunks" in note[0], note
+        finally:
+            os.kill(e["pid"], signal.SIGCONT)
 
 
 def test_confidence_flags_what_the_notes_do_not_answer(make_daemon, tmp_path):
