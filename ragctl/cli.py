@@ -226,7 +226,10 @@ def do_service(args) -> int:
         if _ping(sock) is not None and not args.no_start:
             print("stopping the ragd started by 'ragctl start': the service runs it from now on")
             do_stop(args)
-        config = os.path.abspath(args.config) if args.config else None
+        # The config this ragctl uses (--config, $RAGD_CONFIG, else the XDG one), named in the
+        # unit: the service manager's environment is not this shell's.
+        found = P.find_config(args.config)
+        config = os.path.abspath(found) if found is not None else None
         try:
             done = service.install(config, start=not args.no_start)
         except RuntimeError as e:

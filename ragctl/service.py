@@ -19,8 +19,19 @@ UNIT_NAME = "ragd.service"
 AGENT_LABEL = "org.ragd.daemon"
 
 
+def _exec_word(word: str) -> str:
+    """One word of ExecStart as systemd reads it: % and $ doubled (its specifiers and
+    variables), quoted when it holds a space, a quote or a backslash (a home folder with a
+    space in its name would otherwise split the config's path in two)."""
+    word = word.replace("%", "%%").replace("$", "$$")
+    if any(c.isspace() or c in "\"'\\;" for c in word):
+        word = '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return word
+
+
 def systemd_unit(python: str, config: str | None = None) -> str:
-    args = f" --config {config}" if config else ""
+    cmd = " ".join(_exec_word(w) for w in [python, "-m", "ragd",
+                                             *(["--config", config] if config else [])])
     return f"""\
 # systemd user unit for ragd, written by `ragctl service install`.
 # It runs this installation's interpreter: {python}
@@ -29,7 +40,7 @@ Description=ragd, a local retrieval daemon for notes and documents
 
 [Service]
 Type=simple
-ExecStart={python} -m ragd{args}
+ExecStart={cmd}
 # SIGHUP reloads the config (sources added or removed take effect at once).
 ExecReload=/bin/kill -HUP $MAINPID
 # ragd stops cleanly on SIGTERM (socket removed, the batch in hand committed).
@@ -75,14 +86,16 @@ def _run(cmd: list[str]) -> tuple[bool, str]:
 
 def install(config: str | None, start: bool = True) -> list[str]:
     """Write the unit (agent) and enable it; returns what was done, line by line. Raises
-    RuntimeError with what the user should run when the service manager refuses."""
+    RuntimeError with what the user should run when the service manager refuses. `config`:
+    the file ragctl uses, named in the unit (the service manager's environment is not the
+    shell's: without it the service could read another config than ragctl, or none)."""
     python = sys.executable
     done = []
     if sys.platform == "darwin":
         path = agent_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(launchd_plist(python, Path.home(), config))
-        done.append(f"wrote {path}")
+        done.append(f"wrote {path}{_reads(config)}")
         if start:
             ok, msg = _run(["launchctl", "load", "-w", str(path)])
             if not ok:
@@ -93,7 +106,7 @@ def install(config: str | None, start: bool = True) -> list[str]:
     path = unit_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(systemd_unit(python, config))
-    done.append(f"wrote {path}")
+    done.append(f"wrote {path}{_reads(config)}")
     if start:
         if shutil.which("systemctl") is None:
             raise RuntimeError(f"systemctl not found; {path} is written for a systemd user "
@@ -108,6 +121,10 @@ def install(config: str | None, start: bool = True) -> list[str]:
         done.append("enabled and started it: ragd runs now and at each login "
                     "(systemctl --user status ragd)")
     return done
+
+
+def _reads(config: str | None) -> str:
+    return f" (ragd reads {config})" if config else " (no config file yet: the built-in defaults)"
 
 
 def uninstall() -> list[str]:

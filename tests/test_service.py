@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ragctl
+from conftest import ragctl, write_config
 from ragd import protocol as P
 from ragctl import service
 
@@ -40,36 +40,81 @@ def test_service_install_writes_a_unit_systemd_accepts_and_that_runs_ragd(make_d
     assert r.returncode == 0, r.stderr
     unit = xdg / "systemd" / "user" / "ragd.service"
     assert str(unit) in r.stdout
-    parsed = configparser.ConfigParser(strict=False, interpolation=None)
-    parsed.optionxform = str
-    parsed.read(unit)
+    parsed = _unit(unit)
     cmd = shlex.split(parsed["Service"]["ExecStart"])
     assert cmd[:3] == [sys.executable, "-m", "ragd"]  # this installation's interpreter
     assert cmd[3:] == ["--config", str(d.config)]
     assert parsed["Service"]["Restart"] == "on-failure"
     assert "--background" not in cmd  # the foreground: the service manager supervises it
+    _verify(unit, env, tmp_path)
+    # and the command it runs is a working ragd
+    assert _runs_ragd(cmd, d.socket)["config"] == str(d.config)
+    r = ragctl("service", "uninstall", env=env)
+    assert r.returncode == 0 and not unit.exists()
+
+
+def test_service_install_names_the_config_ragctl_uses(tmp_path):
+    """Without --config the unit named no config, so the service read whatever the service
+    manager's environment led it to (not $RAGD_CONFIG, not this shell's XDG_CONFIG_HOME). It
+    names the config ragctl uses: here the XDG one, in a home folder whose name has a space
+    (quoted for systemd), then the one $RAGD_CONFIG names."""
+    home = tmp_path / "my home"
+    xdg = home / ".config"
+    (xdg / "ragd").mkdir(parents=True)
+    sock = tmp_path / "run" / "s.sock"
+    cfg = write_config(xdg / "ragd" / "config.toml", tmp_path / "data", sock, [])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGD_")}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(xdg))
+    r = ragctl("service", "install", "--no-start", env=env)
+    assert r.returncode == 0, r.stderr
+    unit = xdg / "systemd" / "user" / "ragd.service"
+    cmd = shlex.split(_unit(unit)["Service"]["ExecStart"])
+    assert cmd == [sys.executable, "-m", "ragd", "--config", str(cfg)], cmd
+    assert f"(ragd reads {cfg})" in r.stdout, r.stdout
+    _verify(unit, env, tmp_path)
+    assert _runs_ragd(cmd, sock)["config"] == str(cfg)
+    other = write_config(tmp_path / "other.toml", tmp_path / "data", sock, [])
+    r = ragctl("service", "install", "--no-start", env={**env, "RAGD_CONFIG": str(other)})
+    assert r.returncode == 0, r.stderr
+    cmd = shlex.split(_unit(unit)["Service"]["ExecStart"])
+    assert cmd == [sys.executable, "-m", "ragd", "--config", str(other)], cmd
+    r = ragctl("service", "uninstall", env=env)
+    assert r.returncode == 0 and not unit.exists()
+
+
+def _unit(path: Path) -> configparser.ConfigParser:
+    parsed = configparser.ConfigParser(strict=False, interpolation=None)
+    parsed.optionxform = str
+    parsed.read(path)
+    return parsed
+
+
+def _verify(unit: Path, env: dict, tmp_path: Path) -> None:
+    """systemd's own check of the unit."""
     if shutil.which("systemd-analyze") is None:
         pytest.fail("systemd-analyze is needed to check the unit (Debian: apt install systemd)")
     runtime = tmp_path / "xdg-run"
-    runtime.mkdir(mode=0o700)
+    runtime.mkdir(mode=0o700, exist_ok=True)
     check = subprocess.run(["systemd-analyze", "verify", "--user", str(unit)],
                            capture_output=True, text=True,
                            env={**env, "XDG_RUNTIME_DIR": str(runtime)})
     assert check.returncode == 0, check.stderr
-    # and the command it runs is a working ragd
+
+
+def _runs_ragd(cmd: list[str], socket: Path) -> dict:
+    """Run the unit's command until it answers at socket; its status then (it is stopped)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with P.Client(d.socket, timeout=5) as c:
-                    assert c.call("ping")["pid"] == proc.pid
-                break
+                with P.Client(socket, timeout=5) as c:
+                    st = c.call("status")
+                    assert st["pid"] == proc.pid
+                    return st
             except (P.NotRunning, OSError):
                 assert time.monotonic() < deadline, "the unit's command did not start ragd"
                 time.sleep(0.05)
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
-    r = ragctl("service", "uninstall", env=env)
-    assert r.returncode == 0 and not unit.exists()
