@@ -235,7 +235,11 @@ def do_service(args) -> int:
         except RuntimeError as e:
             raise Fail(str(e))
     else:
-        done = service.uninstall()
+        done, failed = service.uninstall()
+        emit(args, {"done": done, "failed": failed}, lambda r: print("\n".join(r["done"])))
+        if failed:
+            raise Fail("service uninstall: " + "; ".join(failed))
+        return 0
     emit(args, {"done": done}, lambda r: print("\n".join(r["done"])))
     return 0
 

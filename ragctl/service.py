@@ -77,11 +77,13 @@ def agent_path() -> Path:
 
 
 def _run(cmd: list[str]) -> tuple[bool, str]:
+    """(succeeded, what it said, on one line)."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
-    return out.returncode == 0, (out.stderr or out.stdout).strip()
+    said = [ln.strip() for ln in (out.stderr or out.stdout).splitlines() if ln.strip()]
+    return out.returncode == 0, " / ".join(said)
 
 
 def install(config: str | None, start: bool = True) -> list[str]:
@@ -127,21 +129,43 @@ def _reads(config: str | None) -> str:
     return f" (ragd reads {config})" if config else " (no config file yet: the built-in defaults)"
 
 
-def uninstall() -> list[str]:
-    done = []
+def uninstall() -> tuple[list[str], list[str]]:
+    """Stop, disable and remove the unit (agent): (what was done, what failed), line by line.
+    The file is removed either way (what was asked); a service manager that refused or could
+    not be reached is said, with what may be left (a ragd still running), never reported as
+    done."""
+    done: list[str] = []
+    failed: list[str] = []
     if sys.platform == "darwin":
         path = agent_path()
-        if path.exists():
-            _run(["launchctl", "unload", "-w", str(path)])
-            path.unlink()
-            done.append(f"unloaded and removed {path}")
-        return done or [f"no agent at {path}"]
-    path = unit_path()
-    if path.exists():
-        if shutil.which("systemctl"):
-            _run(["systemctl", "--user", "disable", "--now", UNIT_NAME])
+        if not path.exists():
+            return [f"no agent at {path}"], []
+        ok, msg = _run(["launchctl", "unload", "-w", str(path)])
+        if ok:
+            done.append("unloaded it")
+        else:
+            failed.append(f"launchctl unload -w {path} failed: {msg}; a ragd it started may "
+                          f"still be running ('ragctl stop' stops it)")
         path.unlink()
-        if shutil.which("systemctl"):
-            _run(["systemctl", "--user", "daemon-reload"])
-        done.append(f"stopped, disabled and removed {path}")
-    return done or [f"no unit at {path}"]
+        done.append(f"removed {path}")
+        return done, failed
+    path = unit_path()
+    if not path.exists():
+        return [f"no unit at {path}"], []
+    systemctl = shutil.which("systemctl") is not None
+    disabled = False
+    if systemctl:
+        disabled, msg = _run(["systemctl", "--user", "disable", "--now", UNIT_NAME])
+        if disabled:
+            done.append("stopped and disabled it")
+        else:
+            failed.append(f"systemctl --user disable --now {UNIT_NAME} failed: {msg}; a ragd "
+                          f"it started may still be running ('ragctl stop' stops it)")
+    path.unlink()
+    done.append(f"removed {path}" + ("" if systemctl else " (no systemctl: nothing to stop "
+                                                          "or disable)"))
+    if disabled:  # (else the manager was not reached, or refused: said above)
+        ok, msg = _run(["systemctl", "--user", "daemon-reload"])
+        if not ok:
+            failed.append(f"systemctl --user daemon-reload failed: {msg}")
+    return done, failed

@@ -49,8 +49,8 @@ def test_service_install_writes_a_unit_systemd_accepts_and_that_runs_ragd(make_d
     _verify(unit, env, tmp_path)
     # and the command it runs is a working ragd
     assert _runs_ragd(cmd, d.socket)["config"] == str(d.config)
-    r = ragctl("service", "uninstall", env=env)
-    assert r.returncode == 0 and not unit.exists()
+    ragctl("service", "uninstall", env=_no_user_bus(env, tmp_path))
+    assert not unit.exists()
 
 
 def test_service_install_names_the_config_ragctl_uses(tmp_path):
@@ -78,8 +78,39 @@ def test_service_install_names_the_config_ragctl_uses(tmp_path):
     assert r.returncode == 0, r.stderr
     cmd = shlex.split(_unit(unit)["Service"]["ExecStart"])
     assert cmd == [sys.executable, "-m", "ragd", "--config", str(other)], cmd
+    ragctl("service", "uninstall", env=_no_user_bus(env, tmp_path))
+    assert not unit.exists()
+
+
+def test_service_uninstall_says_what_failed(tmp_path):
+    """uninstall said "stopped, disabled and removed" whatever systemctl answered. Here
+    systemctl --user finds no user manager (none is reachable: the tests never touch the
+    real one): the unit is removed, and the failure is said, exit 1."""
+    xdg = tmp_path / "xdg"
+    env = _no_user_bus({**os.environ, "XDG_CONFIG_HOME": str(xdg)}, tmp_path)
+    r = ragctl("service", "install", "--no-start", env=env)
+    assert r.returncode == 0, r.stderr
+    unit = xdg / "systemd" / "user" / "ragd.service"
     r = ragctl("service", "uninstall", env=env)
-    assert r.returncode == 0 and not unit.exists()
+    assert not unit.exists()
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "stopped" not in r.stdout and "disabled" not in r.stdout, r.stdout
+    assert r.stdout.splitlines() == [f"removed {unit}"], r.stdout
+    err = r.stderr.strip()
+    assert err.count("\n") == 0, err  # one line, as every ragctl error
+    assert err.startswith("ragctl: service uninstall: systemctl --user disable --now "
+                          "ragd.service failed: ") and "bus" in err, err
+    r = ragctl("service", "uninstall", env=env)
+    assert r.returncode == 0 and r.stdout.strip() == f"no unit at {unit}", r.stdout
+
+
+def _no_user_bus(env: dict, tmp_path: Path) -> dict:
+    """An environment in which systemctl --user reaches no service manager (so a test never
+    stops or disables the real user's ragd.service)."""
+    runtime = tmp_path / "no-bus"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    return {**{k: v for k, v in env.items() if k != "DBUS_SESSION_BUS_ADDRESS"},
+            "XDG_RUNTIME_DIR": str(runtime)}
 
 
 def _unit(path: Path) -> configparser.ConfigParser:
