@@ -957,7 +957,8 @@ def parser() -> argparse.ArgumentParser:
                    help="first wait (at most this long) for pending changes to be indexed")
     p.add_argument("--path", metavar="GLOB",
                    help="only files whose path (relative to its source) matches, e.g. "
-                        "'Projects/*', or a folder: 'Projects'")
+                        "'Projects/*', or a folder: 'Projects'; an absolute one inside a "
+                        "source's folder is taken relative to it (and searches only it)")
     p.add_argument("--tag", metavar="TAG", help="only notes with this tag (a/b matches a)")
     p.add_argument("--since", metavar="DATE", help="only files changed since (YYYY-MM-DD)")
     p.add_argument("--before", metavar="DATE", help="only files changed before (YYYY-MM-DD)")
@@ -976,7 +977,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", action="append", metavar="NAME",
                    help="only notes of this source (repeatable)")
     p.add_argument("--path", metavar="GLOB", help="only files whose path matches, e.g. "
-                                                  "'Projects/*', or a folder: 'Projects'")
+                                                  "'Projects/*', or a folder: 'Projects' "
+                                                  "(as for search)")
     p.add_argument("--tag", metavar="TAG", help="only notes with this tag")
     p.set_defaults(func=do_ask)
     p = sub.add_parser("get", parents=[common],

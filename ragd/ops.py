@@ -327,11 +327,35 @@ class Ops:
                               f"{', '.join(s.name for s in self.cfg.sources) or 'none'}")
         elif self.indexer.unconfigured:
             sources = [s.name for s in self.cfg.sources]
+        if path and os.path.isabs(os.path.expanduser(path)):
+            sources, path = self._relative_filter(op, sources, path)
         if tag is not None and not tag.lstrip("#"):
             raise OpError(P.BAD_ARGS, f"{op}: 'tag' is empty")
         return Filters(sources=tuple(sources) if sources is not None else None,
                        path=path or None, tag=tag,
                        since=_when(op, "since", since), before=_when(op, "before", before))
+
+    def _relative_filter(self, op: str, sources: list | None,
+                         path: str) -> tuple[list, str | None]:
+        """An absolute path filter (a folder or glob as search results write paths) made
+        relative to the source whose folder holds it, the search kept to that source: the
+        index holds paths relative to their source's folder, so '/home/me/Notes/Projects/*'
+        matched nothing, silently. One outside every source searched is refused, saying so."""
+        full = os.path.expanduser(path)
+        parts = full.split("/")
+        fixed = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")),
+                     len(parts))  # the folders before the first wildcard, through symlinks
+        real = os.path.join(os.path.realpath("/".join(parts[:fixed]) or "/"), *parts[fixed:])
+        searched = [s for s in self.cfg.sources if sources is None or s.name in sources]
+        for s in sorted(searched, key=lambda s: -len(str(s.root))):  # the innermost first
+            root = str(s.root).rstrip("/")
+            for p in (full, real):
+                if p == root or p.startswith(root + "/"):
+                    return [s.name], p[len(root) + 1:] or None
+        raise OpError(P.BAD_ARGS, f"{op}: path {path!r} is in no source's folder"
+                      + (" searched" if sources is not None else "")
+                      + f" ({', '.join(f'{s.name}: {s.root}' for s in searched) or 'none'}); "
+                      f"a path filter is relative to its source's folder, e.g. 'Projects/*'")
 
     def cmd_search(self, query: str, k: int | None, mode: str | None, sources: list | None,
                    rerank: bool | None, wait: float, path: str | None = None,

@@ -90,6 +90,43 @@ def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
         assert r.returncode == 1 and "must be a date" in r.stderr
 
 
+def test_an_absolute_path_filter_is_taken_relative_to_its_source(make_daemon, tmp_path):
+    """Paths in the index are relative to their source's folder: an absolute --path (as
+    results print paths) matched nothing and said nothing. Inside a source's folder it is now
+    taken relative to it, that source only (the other's Projects is not let through); inside
+    none it is refused, naming the folders."""
+    t0 = time.mktime(time.strptime("2026-06-01", "%Y-%m-%d"))
+    v, w = tmp_path / "v", tmp_path / "w"
+    _note(v, "Projects/alpha.md", ["a"], t0, "The meeting about budgets.")
+    _note(v, "Journal/day.md", ["a"], t0, "A meeting with a friend.")
+    _note(w, "Projects/gamma.md", ["a"], t0, "The meeting about gardens.")
+    d = make_daemon(sources=[{"name": "v", "path": str(v)}, {"name": "w", "path": str(w)}])
+    with d:
+        d.wait_idle()
+
+        def names(**kw):
+            res = d.call("search", query="meeting", mode="bm25", **kw)
+            return sorted(Path(r["path"]).name for r in res["results"])
+
+        assert names(path="Projects/*") == ["alpha.md", "gamma.md"]  # (relative: both)
+        assert names(path=f"{v}/Projects/*") == ["alpha.md"]
+        assert names(path=f"{v}/Projects") == names(path=f"{v}/Projects/") == ["alpha.md"]
+        assert names(path=f"{v}/Journal/day.md") == ["day.md"]
+        assert names(path=str(v)) == names(path=f"{v}/*") == ["alpha.md", "day.md"]
+        assert names(path=f"{w}/Projects/*", sources=["v", "w"]) == ["gamma.md"]
+        for path, sources in ((f"{tmp_path}/elsewhere/*", None), (f"{w}/Projects", ["v"])):
+            with pytest.raises(P.DaemonError) as e:
+                d.call("search", query="meeting", path=path, sources=sources)
+            assert e.value.code == P.BAD_ARGS and "is in no source's folder" in e.value.message
+            assert f"v: {v}" in e.value.message and "relative to its source" in e.value.message
+        r = ragctl("--config", d.config, "search", "meeting", "--mode", "bm25", "--path",
+                   f"{v}/Projects/*")
+        assert r.returncode == 0 and "alpha.md" in r.stdout and "gamma.md" not in r.stdout, \
+            r.stdout + r.stderr
+        r = ragctl("--config", d.config, "search", "meeting", "--path", "/nowhere/*")
+        assert r.returncode == 1 and "is in no source's folder" in r.stderr, r.stderr
+
+
 def test_explain_says_why(make_daemon):
     d = make_daemon(vaults=("obsidian-tasks-docs",))
     with d:
