@@ -229,6 +229,8 @@ def do_service(args) -> int:
         # The config this ragctl uses (--config, $RAGD_CONFIG, else the XDG one), named in the
         # unit: the service manager's environment is not this shell's.
         found = P.find_config(args.config)
+        if found is not None and (why := P.not_a_file(found)):  # (--socket skips the above)
+            raise P.ConfigUnreadable(why)
         config = os.path.abspath(found) if found is not None else None
         try:
             done = service.install(config, start=not args.no_start)

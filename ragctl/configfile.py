@@ -32,7 +32,10 @@ def target(cli_config: str | None, running_config: str | None, env=os.environ) -
     if running_config:
         return Path(running_config)
     found = P.find_config(cli_config, env)
-    return found if found is not None else default_path(env)
+    path = found if found is not None else default_path(env)
+    if (why := P.not_a_file(path)):  # (every edit reads it first: an OS error, not this)
+        raise P.ConfigUnreadable(why)
+    return path
 
 
 def read(path: Path) -> dict:

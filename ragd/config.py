@@ -247,6 +247,8 @@ def load(cli_path: str | os.PathLike | None = None, env=os.environ,
     path = protocol.find_config(cli_path, env)
     raw: dict = {}
     if path is not None:
+        if (why := protocol.not_a_file(path)):
+            raise ConfigError(why)
         try:
             with open(path, "rb") as f:
                 raw = tomllib.load(f)

@@ -73,7 +73,8 @@ class DaemonError(Exception):
 
 
 class ConfigUnreadable(Exception):
-    """The config file cannot be read to find the socket; the message names the file."""
+    """The config file cannot be read (to find the socket, or to edit it); the message names
+    the file."""
 
 
 class NotRunning(Exception):
@@ -125,6 +126,18 @@ def find_config(cli_path: str | os.PathLike | None = None, env=os.environ) -> Pa
     return candidate if candidate.exists() else None
 
 
+def not_a_file(cfg: Path) -> str | None:
+    """Why a config path that exists is no config file (a folder: `--config ~/.config/ragd`),
+    or None. ragd and ragctl say it alike, as a config error; naming the config.toml inside
+    when there is one. (Opened, a folder gave "cannot read: Is a directory", and the commands
+    that edit the config an OS error.)"""
+    if not cfg.is_dir():
+        return None
+    inside = cfg / "config.toml"
+    return f"{cfg}: is a folder, not a config file" + (
+        f" (did you mean {inside}?)" if inside.is_file() else "")
+
+
 def default_data_dir(env=os.environ) -> Path:
     return xdg("XDG_DATA_HOME", ".local/share", env) / "ragd"
 
@@ -157,6 +170,10 @@ def socket_path(cli_socket=None, cli_config=None, env=os.environ, broken=None) -
     table = None
     if cfg is not None and not cfg.exists():  # named by --config or $RAGD_CONFIG: a typo
         raise ConfigUnreadable(f"{cfg}: config file not found")
+    # A folder is refused, not read leniently as `broken` reads a file being edited: it names
+    # no socket, and a guessed one could be another daemon's (which 'stop' would stop).
+    if cfg is not None and (why := not_a_file(cfg)):
+        raise ConfigUnreadable(why)
     if cfg is not None:
         try:
             with open(cfg, "rb") as f:

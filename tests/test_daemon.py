@@ -149,6 +149,44 @@ def test_ragctl_errors_name_a_missing_config_and_are_json_with_json(make_daemon,
         assert r.stderr.startswith("ragctl: ask: 'k' must be between") and "(bad_args)" in r.stderr
 
 
+def test_a_config_that_is_a_folder_is_a_config_error(make_daemon, tmp_path):
+    """--config (or the default config) naming a folder: ragctl said "cannot read: Is a
+    directory", the commands that edit the config an OS error ("[Errno 21] ...", not a
+    config error), and `service install --socket S` wrote a unit that ran ragd on the
+    folder. Now one config error everywhere, exit 2, naming the config.toml inside when there
+    is one; --socket still reaches a running daemon, and ragd itself refuses the folder."""
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    said = f"{folder}: is a folder, not a config file"
+    for cmd in (["status"], ["start"], ["sources"]):
+        r = ragctl("--config", folder, *cmd)
+        assert r.returncode == 2 and r.stderr == f"ragctl: {said}\n", (cmd, r.stderr)
+    r = ragctl("--config", folder, "status", "--json")
+    assert r.returncode == 2 and json.loads(r.stderr) == {"error": "bad_config",
+                                                          "message": said}
+    xdg = tmp_path / "xdg"
+    (xdg / "ragd" / "config.toml").mkdir(parents=True)  # the default config, a folder
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGD_")}
+    env["XDG_CONFIG_HOME"] = str(xdg)
+    r = ragctl("status", env=env)
+    assert r.returncode == 2 and "config.toml: is a folder, not a config file" in r.stderr
+    (folder / "config.toml").write_text("")
+    said += f" (did you mean {folder / 'config.toml'}?)"
+    r = subprocess.run([sys.executable, "-m", "ragd", "--config", str(folder)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.strip() == f"ragd: config error: {said}"
+    with make_daemon() as d:
+        nowhere = tmp_path / "none.sock"  # not running: these read (or edit) the config
+        for cmd in (["sources"], ["sources", "add", str(tmp_path)], ["sources", "remove", "x"],
+                    ["service", "install", "--no-start"]):
+            r = ragctl("--socket", nowhere, "--config", folder, "--json", *cmd, env=env)
+            assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+            assert json.loads(r.stderr) == {"error": "bad_config", "message": said}, cmd
+        assert not (xdg / "systemd").exists()  # no unit naming a folder
+        r = ragctl("--socket", d.socket, "--config", folder, "status", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["pid"] == d.proc.pid, r.stderr
+
+
 def test_a_refused_reload_is_logged_and_changes_nothing(make_daemon, tmp_path):
     """ragctl reload with a bad config: an error reply, the daemon goes on with the config in
     force, and its log says why (as it does for a SIGHUP)."""
