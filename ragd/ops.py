@@ -818,7 +818,11 @@ class Ops:
 
 def _absolute(op: str, path: str) -> None:
     """A path argument must be absolute (or start with ~): a relative one would be resolved
-    against the daemon's working folder, which is not the client's."""
+    against the daemon's working folder, which is not the client's. A NUL character is
+    refused first: no file has one, and the OS calls that resolve the path raise on it (an
+    internal error)."""
+    if "\0" in path:
+        raise OpError(P.BAD_ARGS, f"{op}: path contains a NUL character")
     if not os.path.isabs(os.path.expanduser(path)):
         raise OpError(P.BAD_ARGS, f"{op}: path must be absolute (as search results give it), "
                       f"got {path!r}")

@@ -56,6 +56,13 @@ def test_a_buffer_is_searched_instead_of_its_file_and_never_written(make_daemon,
                 with pytest.raises(P.DaemonError) as e:
                     editor.call(op, path=note.name, **args)
                 assert e.value.code == "bad_args" and "must be absolute" in e.value.message
+                # a NUL character: refused, as get refuses it (it was an internal error, or
+                # "not a file ragd indexes")
+                for bad in (f"{note}\0", "~\0/notes/a.md"):
+                    with pytest.raises(P.DaemonError) as e:
+                        editor.call(op, path=bad, **args)
+                    assert (e.value.code, e.value.message) == (
+                        "bad_args", f"{op}: path contains a NUL character"), (bad, e.value)
             # dropped: the file's text again
             assert editor.call("buffer_drop", path=str(root / "other.md")) == {"dropped": True}
             assert d.call("search", query="zeppelin")["results"]
