@@ -501,6 +501,7 @@ class Ops:
 
     def cmd_get(self, path: str, line_start: int | None, line_end: int | None) -> dict:
         """The text of a file inside a source, read from disk now (see ragd/ingest/excerpt.py)."""
+        _absolute("get", path)
         try:
             source, real = excerpt.locate(path, self.cfg.sources)
             return excerpt.read_range(source, real, line_start, line_end, self.cfg.max_file_bytes)

@@ -99,7 +99,13 @@ def test_paths_outside_the_sources_are_refused(docs, tmp_path):
     e = err(d, path=str(root / "plain.txt:abc"))  # a bad range is no file, not "excluded"
     assert e.code == P.NOT_FOUND and "no file" in e.message
     assert err(d, path=str(root / "How To")).code == P.NOT_FOUND
-    assert err(d, path="plain.txt").code == P.BAD_ARGS  # relative
+    # relative, or holding a NUL: refused as every op refuses them (ops._absolute), NUL first
+    e = err(d, path="plain.txt")
+    assert e.code == P.BAD_ARGS and e.message == ("get: path must be absolute (as search "
+                                                  "results give it), got 'plain.txt'")
+    for path in (f"{root}/plain.txt\0", "plain.txt\0", "~\0/plain.txt"):
+        e = err(d, path=path)
+        assert (e.code, e.message) == (P.BAD_ARGS, "get: path contains a NUL character"), path
     e = err(d, path=str(root / "binary.md"))
     assert e.code == P.BAD_ARGS and "binary" in e.message
     # ... and search does not show it either: a link out of a source is not indexed

@@ -33,12 +33,8 @@ class Refused(Exception):
 def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
     """The source holding `path` and the file's real path; refuses paths outside every source
     (checked before anything about the file itself is looked at, so nothing leaks about files
-    elsewhere) and files the source does not index."""
-    if "\0" in path:
-        raise Refused(P.BAD_ARGS, "get: path contains a NUL character")
-    if not os.path.isabs(os.path.expanduser(path)):
-        raise Refused(P.BAD_ARGS, f"get: path must be absolute (as search results give it), "
-                      f"got {path!r}")
+    elsewhere) and files the source does not index. `path` is absolute and holds no NUL: the
+    op checked it (ops._absolute, the one check of every op that takes a path)."""
     real = Path(os.path.realpath(os.path.expanduser(path)))
     holders = [s for s in all_sources if real == s.root or s.root in real.parents]
     if not holders:
