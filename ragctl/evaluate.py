@@ -74,6 +74,7 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
     lat = []
     used: dict[str, int] = {}  # the modes the replies say they used
     coverage: float | None = None  # the lowest vector coverage of a reply (None: no vectors)
+    degraded: str | None = None  # why a reply was not of the mode asked (the first one's)
     for q in questions:
         args = {"query": q["question"], "k": max(k, 10)}
         if mode:
@@ -84,6 +85,8 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
         res = client.call("search", **args)
         lat.append((time.perf_counter() - t) * 1e3)
         used[res["mode"]] = used.get(res["mode"], 0) + 1
+        if res.get("degraded"):
+            degraded = degraded or res.get("reason") or "degraded"
         if res.get("vector_coverage") is not None:
             coverage = min(res["vector_coverage"], 1.0 if coverage is None else coverage)
         ranked: list[str] = []
@@ -111,6 +114,9 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
     out["in_scope_flagged"] = sum(r["low_confidence"] for r in scored)
     out["vector_coverage"] = coverage
     out["vectors_partial"] = coverage is not None and coverage < 1.0
+    out["answered_as"] = used  # mode -> searches: another than asked when degraded
+    if degraded:
+        out["degraded"] = degraded
     if oos:
         out["out_of_scope"] = {"n": len(oos),
                                "nothing_relevant": sum(r["nothing_relevant"] for r in oos),
@@ -155,6 +161,12 @@ def table(results: list[dict]) -> str:
                       f"({o['nothing_relevant']} answered nothing relevant)")
         lines.append(extra + f"; search p50 {res['p50_ms']} ms")
     for res in results:
+        other = {m: n for m, n in res.get("answered_as", {}).items() if m != res["mode"]}
+        if other:
+            lines.append(f"note: {res['mode']}: " + ", ".join(
+                f"{n} of {sum(res['answered_as'].values())} searches were answered as {m}"
+                for m, n in other.items()) + (f" ({res['degraded']})" if res.get("degraded")
+                                              else "") + f": these are not {res['mode']}'s figures")
         if res.get("vectors_partial"):
             pct = 100 * res["vector_coverage"]
             shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.7 is not "100%")

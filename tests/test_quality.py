@@ -165,6 +165,12 @@ def test_eval_measures_by_note(make_daemon, tmp_path):
         assert "miss" in r.stdout and "dough" in r.stdout and "hit@1" in r.stdout
         assert "not final" not in r.stdout
         assert r.stderr == "" and "default" not in r.stdout  # rows name the mode used
+        # hybrid asked of a daemon with no embedding model: every search was BM25's, said so
+        r = ragctl("--config", d.config, "--json", "eval", "--mode", "hybrid", qfile)
+        assert json.loads(r.stdout)["answered_as"] == {"bm25": 4}, r.stdout
+        r = ragctl("--config", d.config, "eval", "--mode", "hybrid", qfile)
+        assert "note: hybrid: 4 of 4 searches were answered as bm25: these are not hybrid's " \
+               "figures" in r.stdout, r.stdout
         (root / "pears.md").rename(root / "pear.md")  # the questions file now names a ghost
         r = ragctl("--config", d.config, "eval", qfile)
         assert r.returncode == 0 and "1 relevant path in no source" in r.stderr \
