@@ -21,6 +21,7 @@ from conftest import copy_vault
 from ragd import config
 from ragd.index import store
 from ragd.index.indexer import Indexer
+from ragd.ingest.chunker import note_keywords
 from ragd.search import bm25
 from ragd.search.bm25 import fts_query
 
@@ -177,7 +178,8 @@ def test_tantivy_bm25_matches_rank_bm25(indexed, tantivy_index, query):
     then its symbols (emoji: FTS5 drops them). tantivy stores a document's length in one byte
     (exact below 40 tokens, within ~1/16 above), so its scores are the reference's to within a
     few percent, not exactly."""
-    rows = indexed.execute("SELECT id, heading, keywords, body FROM chunks ORDER BY id").fetchall()
+    rows = [(i, h, note_keywords(k, b), b) for i, h, k, b in indexed.execute(
+        "SELECT id, heading, keywords, body FROM chunks ORDER BY id")]  # (symbols as such)
     ids = [r[0] for r in rows]
     docs = [bm25.index_tokens(indexed, [f"{r[1]}\n{r[2]}\n{r[1]}\n{r[2]}\n{r[3]}"])[0].split()
             + bm25.symbols(f"{r[1]}{r[2]}{r[1]}{r[2]}{r[3]}") for r in rows]

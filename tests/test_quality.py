@@ -389,6 +389,48 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path):
         assert res["results"] == [] and "nothing relevant" in res["reason"]
 
 
+def test_fts5_finds_a_symbol_too_and_so_does_an_unsaved_buffer(make_daemon, tmp_path):
+    """FTS5 ranks while tantivy fills, with bm25_index = "fts5", and whenever an editor's
+    unsaved buffer is searched; its tokenizer drops ⛔, so those searches answered "nothing
+    relevant" where grep finds the line. A chunk's symbols are words in its keywords
+    (chunker.with_symbols): FTS5 finds them, in files and in unsaved buffers alike."""
+    root = tmp_path / "v"
+    root.mkdir()
+    (root / "errands.md").write_text("# Errands\n\n- [ ] Buy milk 📅 2026-12-01\n"
+                                     "- [ ] Post the parcel ⛔ abc123\n")
+    (root / "garden.md").write_text("# Garden\n\nPrune the roses in March. 🌹\n")
+    (root / "reading.md").write_text("# Reading\n\nBooks to read this winter.\n")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
+                    extra='[embedding]\nmodel = ""\n[search]\nbm25_index = "fts5"\n')
+    with d:
+        d.wait_idle()
+        res = d.call("search", query="⛔", mode="bm25")
+        assert res.get("bm25_index", "fts5").startswith("fts5"), res
+        assert [Path(r["path"]).name for r in res["results"]] == ["errands.md"], res
+        assert res["results"][0]["match_lines"] == [4]
+        assert res["confidence"] == 1.0 and res["low_confidence"] is False
+        res = d.call("search", query="🌹 roses", mode="bm25")
+        assert Path(res["results"][0]["path"]).name == "garden.md"
+        res = d.call("search", query="⚓", mode="bm25")
+        assert res["results"] == [] and "nothing relevant" in res["reason"]
+        with d.client() as editor:  # an unsaved buffer holding a symbol no file holds
+            editor.call("buffer_set", path=str(root / "reading.md"),
+                        text="# Reading\n\nBooks to read this winter. ⚓ Moby-Dick\n")
+            res = editor.call("search", query="⚓", mode="bm25")
+            assert [Path(r["path"]).name for r in res["results"]] == ["reading.md"], res
+            assert res["results"][0].get("unsaved"), res
+    # an index from before (schema 6: no symbol words) gets them at the next start (store.m007)
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    with db:
+        db.execute("UPDATE chunks SET keywords = ''")
+    db.execute("PRAGMA user_version = 6")
+    db.close()
+    with d:
+        d.wait_idle()
+        res = d.call("search", query="⛔", mode="bm25")
+        assert [Path(r["path"]).name for r in res["results"]] == ["errands.md"], res
+
+
 def test_a_shown_line_holds_its_match():
     """ragctl shows a long line around its first match, cut with "…" (a match past the 160th
     character was cut off), and marks symbols as it marks words."""
@@ -520,7 +562,7 @@ def test_an_index_from_before_whole_notes_gets_them_at_start(make_daemon, tmp_pa
     assert log.read_text().count("note index built") == 1  # (the first start had no notes)
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
         assert db.execute("SELECT COUNT(*) FROM notes_fts").fetchone()[0] == db.execute(
             "SELECT COUNT(DISTINCT file_id) FROM chunks").fetchone()[0] > 10
         with db:  # rows of an older format are rebuilt at the next start

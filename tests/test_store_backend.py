@@ -88,9 +88,13 @@ def test_search_edits_moves_and_restarts_through_the_store(make_daemon, tmp_path
         # an edit: a new word, found by BM25 and by its vector once --wait returns
         note = root / "How To" / "Set up custom statuses.md"
         with open(note, "a", encoding="utf-8") as f:
-            f.write("\n\nThe quokkazebra protocol governs zanzibar spice caravans.\n")
+            f.write("\n\nThe quokkazebra protocol governs zanzibar spice caravans. ⚓\n")
         res = d.call("search", query="quokkazebra", mode="bm25", k=3, wait=30)
         assert paths(res)[:1] == ["Set up custom statuses.md"], res
+        # a symbol is found as a word by every store (FTS5's and Milvus' tokenizers drop it)
+        st = in_sync(d)
+        res = d.call("search", query="⚓", mode="bm25", k=3)
+        assert paths(res) == ["Set up custom statuses.md"], res
         res = d.call("search", query="the rules for spice caravans of zanzibar", mode="vector",
                      k=20, wait=30, group="chunk")
         assert any("quokkazebra" in r["text"] for r in res["results"]), res

@@ -210,7 +210,7 @@ class BufferStore:
         """(chunk id, score) of buffer chunks matching the query, with FTS5's bm25 over the
         index's statistics and the same query words (comparable with the index's own
         scores)."""
-        parts = bm25.query_parts(query)
+        parts = bm25.fts_parts(query)
         if not parts or not bufs:
             return []
         parts = bm25.prune_common(db, parts, share)

@@ -83,6 +83,13 @@ def uninstall(db: sqlite3.Connection) -> None:
     outbox.apply(db, UNINSTALL)
 
 
+def _query_words(db, query: str) -> str:
+    """The query as the collection's text holds words: FTS5's tokens, then its symbols as the
+    words a chunk's keywords end with (chunker.with_symbols: ⛔ -> sym26d4)."""
+    return " ".join(w for w in (bm25.index_tokens(db, [query])[0], bm25.symbol_words(query))
+                    if w)
+
+
 def search_text(heading: str, keywords: str, body: str) -> str:
     """The columns FTS5 indexes, as one field (Milvus' BM25 has no column weights)."""
     return "\n".join(p for p in (heading, keywords, body) if p)
@@ -293,7 +300,7 @@ class MilvusStore(outbox.OutboxSync):
 
     def bm25(self, view, db, query: str, n: int, files=None) -> list[tuple[int, float]]:
         """The top n chunks by Milvus' BM25 (score: higher is better)."""
-        words = bm25.index_tokens(db, [query])[0]
+        words = _query_words(db, query)
         if not words:
             return []
         res = self._client().search(view[0], data=[words], anns_field="sparse", limit=n,
@@ -315,7 +322,7 @@ class MilvusStore(outbox.OutboxSync):
                files=None) -> list[tuple[int, float]]:
         """Milvus' own hybrid search: both rankings and their RRF in one request."""
         from pymilvus import AnnSearchRequest, RRFRanker
-        reqs = [AnnSearchRequest(data=[bm25.index_tokens(db, [query])[0] or "-"],
+        reqs = [AnnSearchRequest(data=[_query_words(db, query) or "-"],
                                  anns_field="sparse", limit=n, expr=_expr_files(files) or None,
                                  param={"metric_type": "BM25"}),
                 AnnSearchRequest(data=[np.asarray(qv, np.float32).tolist()], anns_field="dense",

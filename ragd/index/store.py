@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from ragd.ingest.chunker import note_keywords, with_symbols
 from ragd.search import bm25
 
 log = logging.getLogger("ragd.store")
@@ -264,6 +265,19 @@ def m006_notes_fts(db: sqlite3.Connection) -> None:
         END;
         DELETE FROM meta WHERE key = 'notes_format';
     """)  # the rows are built by check_notes, right after the migrations
+
+
+@migration
+def m007_symbol_words(db: sqlite3.Connection) -> None:
+    """A chunk's keywords end with the symbols of its body as words FTS5 keeps (⛔ -> sym26d4:
+    chunker.with_symbols), so that FTS5 finds a symbol as tantivy does — FTS5 ranks while
+    tantivy fills, and whenever an editor's unsaved buffer is searched. The triggers bring
+    chunks_fts (and tantivy's and Milvus's outboxes) along; the notes touched are rebuilt."""
+    rows = [(with_symbols(kw, body), cid) for cid, kw, body in db.execute(
+        "SELECT id, keywords, body FROM chunks")
+        if any(ch > "\x7f" for ch in body) and with_symbols(kw, body) != kw]
+    db.executemany("UPDATE chunks SET keywords = ? WHERE id = ?", rows)
+    refresh_notes(db)
 
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -587,7 +601,8 @@ def note_row(chunks: list[tuple[str, str, str]]) -> tuple[str, str, str, str]:
     """A note's notes_fts columns (title, keywords, headings, body) from its chunks' (heading
     path, keywords, body) in order: the title is the first part of the heading path, each
     heading once, the bodies joined."""
-    title, keywords = (chunks[0][0].split(" > ")[0], chunks[0][1]) if chunks else ("", "")
+    title, keywords = (chunks[0][0].split(" > ")[0],
+                       note_keywords(chunks[0][1], chunks[0][2])) if chunks else ("", "")
     headings: list[str] = []
     for heading, _, _ in chunks:
         headings.extend(h for h in heading.split(" > ")[1:] if h not in headings)

@@ -11,8 +11,9 @@ tags (twice: see search_text) and body.
 The words are FTS5's own: ``bm25.index_tokens`` gives each text as the porter tokenizer of
 chunks_fts sees it (stems, diacritics folded), tantivy only splits them on whitespace, and a
 query is tokenized the same way — so a word matches here exactly when it matches in FTS5. One
-addition: the symbols FTS5 drops (emoji, dingbats: ``bm25.symbols``), each a token of its own,
-so that a search for ⛔ finds the task lines holding it, as grep would.
+addition: the symbols FTS5's tokenizer drops (emoji, dingbats: ``chunker.symbols``), each a
+token of its own, so that a search for ⛔ finds the task lines holding it, as grep would. (FTS5
+finds them by the words a chunk's keywords end with: ``chunker.with_symbols``.)
 
 SQLite stays the record, FTS5 included: it serves the keyword ranking while this index is being
 filled (the first start, or after its folder was lost) or is behind the search's snapshot (see
@@ -50,6 +51,7 @@ import uuid
 from pathlib import Path
 
 from ragd.index import outbox, store
+from ragd.ingest.chunker import note_keywords
 from ragd.search import bm25
 
 log = logging.getLogger("ragd.textindex")
@@ -108,8 +110,9 @@ def search_text(heading: str, keywords: str, body: str) -> str:
 
 def indexed_texts(db: sqlite3.Connection, rows) -> list[str]:
     """What the index holds of each chunk row (id, file_id, heading, keywords, body): FTS5's
-    tokens, then its symbols."""
-    texts = [search_text(r[2], r[3], r[4]) for r in rows]
+    tokens, then its symbols — themselves, not the words FTS5 holds them by at the end of
+    the keywords (chunker.with_symbols: here they would only lengthen the chunk)."""
+    texts = [search_text(r[2], note_keywords(r[3], r[4]), r[4]) for r in rows]
     return [" ".join([tokens, *bm25.symbols(text)]) if any(ch > "\x7f" for ch in text)
             else tokens for tokens, text in zip(bm25.index_tokens(db, texts), texts)]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import unicodedata
 from dataclasses import dataclass
 
+from ragd.ingest.chunker import symbol_words, symbols
 from ragd.search.filters import Filters
 
 # A query is free text: quoted "phrases" are kept as phrases, everything else becomes terms.
@@ -45,17 +45,15 @@ def query_parts(text: str) -> list[str]:
     return parts
 
 
-def symbols(text: str) -> list[str]:
-    """The symbol characters of a text (Unicode category So: emoji, dingbats — the ⛔ 📅 ✅ of a
-    task line), in order. FTS5's tokenizer drops them, so a search for one found nothing where
-    grep finds it; the tantivy index keeps each as a token of its own (textindex.py)."""
-    return [ch for ch in text if ch > "\x7f" and unicodedata.category(ch) == "So"]
+def symbol_parts(text: str) -> list[str]:
+    """Each distinct symbol of a query as the FTS5 phrase of the word FTS5 holds it by
+    (chunker.symbol_words: '"sym26d4"' for ⛔)."""
+    return [f'"{symbol_words(ch)}"' for ch in dict.fromkeys(symbols(text))]
 
 
-def symbol_words(text: str) -> str:
-    """Each symbol of a text as a word FTS5 keeps ("sym26d4" for ⛔), space-separated: how
-    notes_fts holds them (store.note_row)."""
-    return " ".join(f"sym{ord(ch):x}" for ch in symbols(text))
+def fts_parts(text: str) -> list[str]:
+    """query_parts, then symbol_parts."""
+    return query_parts(text) + symbol_parts(text)
 
 
 def fts_query(text: str) -> str:
@@ -170,7 +168,7 @@ class Hit:
 def search(db: sqlite3.Connection, query: str, limit: int,
            filters: Filters | None = None, share: float = COMMON_SHARE,
            dfs: dict | None = None) -> list[Hit]:
-    parts = query_parts(query)
+    parts = fts_parts(query)
     if not parts:
         return []
     match = " OR ".join(prune_common(db, parts, share, dfs))
@@ -211,9 +209,11 @@ def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> l
     rows = chunk_rows(db)
     counts = ([dfs[p] for p in parts] if dfs is not None and all(p in dfs for p in parts)
               else doc_freqs(db, parts))
-    # a symbol: the chunks holding it as tantivy counts them (unknown to FTS5: 0)
-    counts += [dfs.get(ch, 0) if dfs else 0 for ch in signs]
-    parts = parts + [f'"{symbol_words(ch)}"' for ch in signs]
+    signed = symbol_parts(query)  # (as FTS5 holds them, in the order of signs)
+    # a symbol: the chunks holding it as tantivy counted them, else as FTS5 does
+    counts += [dfs[ch] if dfs and ch in dfs else doc_freqs(db, [w])[0]
+               for ch, w in zip(signs, signed)]
+    parts = parts + signed
     notes = db.execute("SELECT COALESCE(SUM(n), 0) FROM counts WHERE key = 'indexed'"
                        ).fetchone()[0]
     kept, walked = [], 0
@@ -258,8 +258,8 @@ def _matching(columns: str, match: str, filters: Filters | None) -> tuple[str, l
 
 
 def all_terms_match(db: sqlite3.Connection, query: str, filters: Filters | None = None) -> bool:
-    """Does some chunk contain every word (and phrase) of the query?"""
-    parts = query_parts(query)
+    """Does some chunk contain every word (and phrase, and symbol) of the query?"""
+    parts = fts_parts(query)
     if not parts:
         return False
     sql, params = _matching("chunks_fts.rowid", " AND ".join(parts), filters)
@@ -313,10 +313,10 @@ def matching_lines(text: str, line_start: int, query: str) -> list[int]:
 
 
 def content_match(db: sqlite3.Connection, query: str, filters: Filters | None = None) -> bool:
-    """Does some chunk contain a content word (or a phrase) of the query?"""
-    words = content_terms(query)
-    if not words:
+    """Does some chunk contain a content word (or a phrase, or a symbol) of the query?"""
+    parts = [w if w.startswith('"') else f'"{w}"' for w in content_terms(query)] + \
+        symbol_parts(query)
+    if not parts:
         return False
-    parts = [w if w.startswith('"') else f'"{w}"' for w in words]
     sql, params = _matching("chunks_fts.rowid", " OR ".join(parts), filters)
     return db.execute(sql + " LIMIT 1", params).fetchone() is not None

@@ -112,17 +112,18 @@ def _files_of(db: sqlite3.Connection, ids: list[int], overlay=None) -> dict[int,
 
 def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
                overlay=None, text=None) -> float | None:
-    """The IDF-weighted share of the query's content words (and symbols, when tantivy serves:
-    only it indexes them) found in one of the best notes (0..1); None when the query has
-    neither. `text`: (the tantivy index, the searcher of this snapshot), when it serves: its
-    document frequencies and per-note lookups skip, where FTS5's walk a word's whole doclist
-    (16 ms a query at 100k chunks, tantivy 0.6)."""
+    """The IDF-weighted share of the query's content words (and symbols) found in one of the
+    best notes (0..1); None when the query has neither. `text`: (the tantivy index, the
+    searcher of this snapshot), when it serves: its document frequencies and per-note lookups
+    skip, where FTS5's walk a word's whole doclist (16 ms a query at 100k chunks, tantivy
+    0.6)."""
     text, searcher = text if text is not None else (None, None)
     words = [w for w in bm25.content_terms(query) if not w.startswith('"')]
-    signs = list(dict.fromkeys(bm25.symbols(query))) if searcher is not None else []
+    signs = list(dict.fromkeys(bm25.symbols(query)))
     stems = ([t.split() for t in bm25.index_tokens(db, words)] + [[s] for s in signs]
              if searcher is not None else None)
-    words += signs
+    # a symbol: itself to tantivy, the word FTS5 holds it by to FTS5 (chunker.symbol_words)
+    words += signs if searcher is not None else [bm25.symbol_words(s) for s in signs]
     if not words or not notes:
         return None if not words else 0.0
     rows = bm25.chunk_rows(db)
