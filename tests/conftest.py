@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -273,6 +274,23 @@ def _embedded(st: dict) -> bool:
     e = st["engines"].get("embedding", {})
     return (e.get("state") == "ready" and e.get("embedder") == "idle"
             and e.get("pending_texts") == 0)
+
+
+@contextmanager
+def bulk_embedding_stopped(d: Daemon, timeout: float = 120.0):
+    """Once the first vectors are in, the bulk embedding engine stopped (SIGSTOP), so texts stay
+    waiting for their vectors while the query engine still embeds questions; continued
+    (SIGCONT) on leaving. Yields the embedding engine's status of that moment."""
+    deadline = time.monotonic() + timeout
+    while not ((e := d.call("status")["engines"]["embedding"]).get("pid")
+               and e.get("vectors", 0) >= 1):
+        assert time.monotonic() < deadline, e
+        time.sleep(0.05)
+    os.kill(e["pid"], signal.SIGSTOP)
+    try:
+        yield e
+    finally:
+        os.kill(e["pid"], signal.SIGCONT)
 
 
 def wait_embedded(d: Daemon, timeout: float = 180.0) -> dict:

@@ -4,7 +4,6 @@ a file outside the sources, whatever the path says."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

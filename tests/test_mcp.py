@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import anyio
 import jsonschema
 import pytest
 
-from conftest import BM25_ONLY, engine_config, small_vault, wait_embedded
+from conftest import bulk_embedding_stopped, engine_config, small_vault, wait_embedded
 
 MODERN = "2026-07-28"
 PHRASE = "markdown-backed Kanban boards"
@@ -542,13 +541,7 @@ def test_status_says_vectors_are_still_coming_while_files_are_indexed(make_daemo
                     extra=engine_config())
     with d:
         d.wait_idle()
-        deadline = time.monotonic() + 120
-        while not ((e := d.call("status")["engines"]["embedding"]).get("pid")
-                   and e.get("vectors", 0) >= 1):
-            assert time.monotonic() < deadline, e
-            time.sleep(0.05)
-        os.kill(e["pid"], signal.SIGSTOP)
-        try:
+        with bulk_embedding_stopped(d):
             with Mcp("--config", d.config, tmp=tmp_path) as m:
                 schema = tool_schemas(m.result("tools/list", meta())["tools"])["status"]
                 res = m.call("status", modern=True)
@@ -566,8 +559,6 @@ def test_status_says_vectors_are_still_coming_while_files_are_indexed(make_daemo
             out["engines"]["embedding"]["pending_texts"] = None
             jsonschema.validate(out, schema["outputSchema"])
             assert "vectors not counted yet" in mcp.status_text(out).splitlines()[0]
-        finally:
-            os.kill(e["pid"], signal.SIGCONT)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -16,7 +15,8 @@ import pytest
 from ragd import protocol as P
 from ragd.index import store
 
-from conftest import engine_config, ragctl, small_vault, wait_embedded
+from conftest import (bulk_embedding_stopped, engine_config, ragctl, small_vault,
+                      wait_embedded)
 
 
 def test_results_are_notes_and_chunks_on_request(make_daemon):
@@ -194,13 +194,7 @@ def test_eval_while_vectors_are_still_coming_says_its_figures_are_not_final(make
                     extra=engine_config())
     with d:
         d.wait_idle()
-        deadline = time.monotonic() + 120
-        while not ((e := d.call("status")["engines"]["embedding"]).get("pid")
-                   and e.get("vectors", 0) >= 1):
-            assert time.monotonic() < deadline, e
-            time.sleep(0.05)
-        os.kill(e["pid"], signal.SIGSTOP)
-        try:
+        with bulk_embedding_stopped(d):
             r = ragctl("--config", d.config, "--json", "eval", "--mode", "all", qfile)
             assert r.returncode == 0, r.stderr
             bm25, vector, hybrid = json.loads(r.stdout)
@@ -212,8 +206,6 @@ def test_eval_while_vectors_are_still_coming_says_its_figures_are_not_final(make
             note = [ln for ln in r.stdout.splitlines() if ln.startswith("note: hybrid:")]
             assert len(note) == 1 and "not final" in note[0], r.stdout
             assert "vectors covered only " in note[0] and "% of the chunks" in note[0], note
-        finally:
-            os.kill(e["pid"], signal.SIGCONT)
 
 
 def test_confidence_flags_what_the_notes_do_not_answer(make_daemon, tmp_path):

@@ -16,10 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from conftest import (BM25_ONLY, VAULTS, Daemon, engine_config, make_pdf, ragctl,
-                      small_vault, wait_embedded, write_config)
+from conftest import (BM25_ONLY, Daemon, bulk_embedding_stopped, engine_config, make_pdf,
+                      ragctl, small_vault, wait_embedded, write_config)
 from ragd.ingest import chunker, markdown
 from ragd.ingest.watcher import parse_fdinfo
 
@@ -242,13 +240,7 @@ def test_a_source_removed_while_its_texts_wait_for_vectors_is_not_left_to_embed(
     d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
     with d:
         d.wait_idle()  # the text indexed; vectors coming
-        deadline = time.monotonic() + 120
-        while not ((e := d.call("status")["engines"]["embedding"]).get("pid")
-                   and e.get("vectors", 0) >= 1):
-            assert time.monotonic() < deadline, e
-            time.sleep(0.05)
-        os.kill(e["pid"], signal.SIGSTOP)
-        try:
+        with bulk_embedding_stopped(d):
             r = ragctl("--config", cfg, "sources", "remove", "tasks")
             assert r.returncode == 0, r.stderr
             st = d.wait_idle()  # purged
@@ -260,8 +252,6 @@ def test_a_source_removed_while_its_texts_wait_for_vectors_is_not_left_to_embed(
                 "(SELECT text_hash FROM embeddings WHERE space = ?)", (e["space"],)).fetchone()
             db.close()
             assert missing > 0 and e["pending_texts"] <= missing + WORK_BATCH, (missing, e)
-        finally:
-            os.kill(e["pid"], signal.SIGCONT)
         st = wait_embedded(d)  # and what the kept source needs is still embedded
         assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
 
