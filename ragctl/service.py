@@ -129,6 +129,18 @@ def _reads(config: str | None) -> str:
     return f" (ragd reads {config})" if config else " (no config file yet: the built-in defaults)"
 
 
+def _stopping(cmd: list[str], said: str, done: list[str], failed: list[str]) -> bool:
+    """Run the service manager's stop command: `said` in done, or in failed what it said and
+    what may be left."""
+    ok, msg = _run(cmd)
+    if ok:
+        done.append(said)
+    else:
+        failed.append(f"{' '.join(cmd)} failed: {msg}; a ragd it started may still be running "
+                      f"('ragctl stop' stops it)")
+    return ok
+
+
 def uninstall() -> tuple[list[str], list[str]]:
     """Stop, disable and remove the unit (agent): (what was done, what failed), line by line.
     The file is removed either way (what was asked); a service manager that refused or could
@@ -140,12 +152,7 @@ def uninstall() -> tuple[list[str], list[str]]:
         path = agent_path()
         if not path.exists():
             return [f"no agent at {path}"], []
-        ok, msg = _run(["launchctl", "unload", "-w", str(path)])
-        if ok:
-            done.append("unloaded it")
-        else:
-            failed.append(f"launchctl unload -w {path} failed: {msg}; a ragd it started may "
-                          f"still be running ('ragctl stop' stops it)")
+        _stopping(["launchctl", "unload", "-w", str(path)], "unloaded it", done, failed)
         path.unlink()
         done.append(f"removed {path}")
         return done, failed
@@ -155,12 +162,8 @@ def uninstall() -> tuple[list[str], list[str]]:
     systemctl = shutil.which("systemctl") is not None
     disabled = False
     if systemctl:
-        disabled, msg = _run(["systemctl", "--user", "disable", "--now", UNIT_NAME])
-        if disabled:
-            done.append("stopped and disabled it")
-        else:
-            failed.append(f"systemctl --user disable --now {UNIT_NAME} failed: {msg}; a ragd "
-                          f"it started may still be running ('ragctl stop' stops it)")
+        disabled = _stopping(["systemctl", "--user", "disable", "--now", UNIT_NAME],
+                             "stopped and disabled it", done, failed)
     path.unlink()
     done.append(f"removed {path}" + ("" if systemctl else " (no systemctl: nothing to stop "
                                                           "or disable)"))
