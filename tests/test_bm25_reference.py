@@ -9,6 +9,7 @@ given the same tokens and parameters (all three columns: heading, keywords, body
 from __future__ import annotations
 
 import math
+import shutil
 import sqlite3
 import time
 from collections import defaultdict
@@ -275,3 +276,64 @@ def test_a_stop_right_after_the_start_is_not_slept_through(tmp_path):
         ti.stop()
         assert time.monotonic() - t < 5, f"stop {i} waited {time.monotonic() - t:.1f} s"
         assert not ti.worker.alive
+
+
+def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_path):
+    """tantivy counts a deleted document in its BM25 statistics until a merge drops it: with a
+    third of the notes gone, a word only they held still had its document frequency, and N
+    and the average length were the old ones. Past textindex.REFILL_SHARE deleted (since the
+    fill) the index is filled anew; below it, it is kept."""
+    from ragd.index import textindex
+    root = copy_vault("obsidian-tasks-docs", tmp_path / "vault")
+    cfg = config.from_dict({"daemon": {"data_dir": str(tmp_path / "data")},
+                            "sources": [{"name": "v", "path": str(root), "kind": "obsidian"}]},
+                           None)
+    store.open_store(cfg.db_path).close()
+
+    def index() -> None:
+        ix = Indexer(cfg, cfg.db_path)
+        ix.start()
+        ix.request_scan()
+        assert ix.wait_idle(120)
+        ix.stop()
+
+    index()
+    db = store.connect(cfg.db_path)
+    textindex.install(db)
+    ti = textindex.TextIndex(cfg.db_path, tmp_path / "text")
+    ti.start()
+    try:
+        def synced():
+            deadline = time.monotonic() + 120
+            while not (ti.serving and ti.wait_synced(1.0) and ti.state == "in sync"):
+                assert time.monotonic() < deadline, ti.status()
+            searcher, why = ti.view(db)
+            assert why == "tantivy"
+            return searcher
+
+        synced()
+        chunks = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        assert ti.pushed == chunks
+        # a few notes gone: fewer than REFILL_SHARE of the chunks, the index is kept
+        (root / "Other Plugins" / "Kanban Plugin.md").unlink()
+        index()
+        synced()
+        assert ti.pushed < 2 * chunks
+        # a word of "Queries" notes only; a third of the chunks deleted with them
+        word = "delimiter"
+        before = synced().doc_freq("text", bm25.index_tokens(db, [word])[0])
+        assert before > 0
+        shutil.move(str(root / "Queries"), tmp_path / "Queries")
+        index()
+        assert db.execute("SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?",
+                          (word,)).fetchone()[0] == 0
+        left = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        assert chunks - left >= 0.25 * left  # (over REFILL_SHARE)
+        searcher = synced()
+        assert searcher.num_docs == left
+        assert searcher.doc_freq("text", bm25.index_tokens(db, [word])[0]) == 0
+        assert ti.pushed >= chunks + left  # filled anew
+    finally:
+        ti.stop()
+        db.close()
+
