@@ -341,7 +341,7 @@ class Ops:
         relative to the source whose folder holds it, the search kept to that source: the
         index holds paths relative to their source's folder, so '/home/me/Notes/Projects/*'
         matched nothing, silently. One outside every source searched is refused, saying so."""
-        full = os.path.expanduser(path)
+        full = os.path.normpath(os.path.expanduser(path))  # ('~/Notes/../Docs': Docs)
         parts = full.split("/")
         fixed = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")),
                      len(parts))  # the folders before the first wildcard, through symlinks

@@ -179,7 +179,7 @@ def test_tantivy_bm25_matches_rank_bm25(indexed, tantivy_index, query):
     then its symbols (emoji: FTS5 drops them). tantivy stores a document's length in one byte
     (exact below 40 tokens, within ~1/16 above), so its scores are the reference's to within a
     few percent, not exactly."""
-    rows = [(i, h, note_keywords(k, b), b) for i, h, k, b in indexed.execute(
+    rows = [(i, h, note_keywords(h, k, b), b) for i, h, k, b in indexed.execute(
         "SELECT id, heading, keywords, body FROM chunks ORDER BY id")]  # (symbols as such)
     ids = [r[0] for r in rows]
     docs = [bm25.index_tokens(indexed, [f"{r[1]}\n{r[2]}\n{r[1]}\n{r[2]}\n{r[3]}"])[0].split()

@@ -114,6 +114,8 @@ def test_an_absolute_path_filter_is_taken_relative_to_its_source(make_daemon, tm
         assert names(path=f"{v}/Journal/day.md") == ["day.md"]
         assert names(path=str(v)) == names(path=f"{v}/*") == ["alpha.md", "day.md"]
         assert names(path=f"{w}/Projects/*", sources=["v", "w"]) == ["gamma.md"]
+        # written with '..' or '.' (a shell's "$HOME/Notes/./x"): taken as the path it names
+        assert names(path=f"{v}/../w/Projects") == names(path=f"{w}/./Projects") == ["gamma.md"]
         for path, sources in ((f"{tmp_path}/elsewhere/*", None), (f"{w}/Projects", ["v"])):
             with pytest.raises(P.DaemonError) as e:
                 d.call("search", query="meeting", path=path, sources=sources)
@@ -364,6 +366,8 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
                                      "- [ ] Post the parcel ⛔ abc123\n")
     (root / "garden.md").write_text("# Garden\n\nPrune the roses in March. 🌹\n")
     (root / "reading.md").write_text("# Reading\n\nBooks to read this winter.\n")
+    (root / "launch.md").write_text('---\naliases: ["🌋 eruption log"]\n---\n'
+                                    "# Release 🚀 checklist\n\nCheck the fuel.\n")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
                     extra=engine_config(extra=f'[search]\nbm25_index = "{index}"\n'))
     served = "tantivy" if index == "tantivy" else None  # (the reply names tantivy only)
@@ -385,6 +389,8 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
             assert res["results"][0]["scores"]["note_bm25_rank"] == 1  # the note's words too
         res = d.call("search", query="🌹 roses", mode="bm25")
         assert found(res)[0] == "garden.md"
+        for sign in ("🚀", "🌋"):  # in a title, in an alias
+            assert found(d.call("search", query=sign, mode="bm25")) == ["launch.md"], sign
         res = d.call("search", query="⚓", mode="bm25")
         assert res["results"] == [] and "nothing relevant" in res["reason"]
         with d.client() as editor:  # an unsaved buffer holding a symbol no file holds

@@ -269,13 +269,14 @@ def m006_notes_fts(db: sqlite3.Connection) -> None:
 
 @migration
 def m007_symbol_words(db: sqlite3.Connection) -> None:
-    """A chunk's keywords end with the symbols of its body as words FTS5 keeps (⛔ -> sym26d4:
+    """A chunk's keywords end with the symbols of its text as words FTS5 keeps (⛔ -> sym26d4:
     chunker.with_symbols), so that FTS5 finds a symbol as tantivy does — FTS5 ranks while
     tantivy fills, and whenever an editor's unsaved buffer is searched. The triggers bring
     chunks_fts (and tantivy's and Milvus's outboxes) along; the notes touched are rebuilt."""
-    rows = [(with_symbols(kw, body), cid) for cid, kw, body in db.execute(
-        "SELECT id, keywords, body FROM chunks")
-        if any(ch > "\x7f" for ch in body) and with_symbols(kw, body) != kw]
+    rows = [(new, cid) for cid, heading, kw, body in db.execute(
+        "SELECT id, heading, keywords, body FROM chunks")
+        if any(ch > "\x7f" for ch in heading + kw + body)
+        and (new := with_symbols(heading, kw, body)) != kw]
     db.executemany("UPDATE chunks SET keywords = ? WHERE id = ?", rows)
     refresh_notes(db)
 
@@ -436,7 +437,8 @@ def save_reading(db: sqlite3.Connection, sources: dict) -> None:
                (json.dumps(sources, sort_keys=True),))
 
 
-NOTES_FORMAT = "2"  # of notes_fts's rows (note_row): another rebuilds them (2: symbol words)
+NOTES_FORMAT = "3"  # of notes_fts's rows (note_row): another rebuilds them (2: symbol words;
+# 3: those of the title, aliases, tags and headings too)
 
 
 def check_notes(db: sqlite3.Connection) -> None:
@@ -602,12 +604,13 @@ def note_row(chunks: list[tuple[str, str, str]]) -> tuple[str, str, str, str]:
     path, keywords, body) in order: the title is the first part of the heading path, each
     heading once, the bodies joined."""
     title, keywords = (chunks[0][0].split(" > ")[0],
-                       note_keywords(chunks[0][1], chunks[0][2])) if chunks else ("", "")
+                       note_keywords(*chunks[0])) if chunks else ("", "")
     headings: list[str] = []
     for heading, _, _ in chunks:
         headings.extend(h for h in heading.split(" > ")[1:] if h not in headings)
     body = "\n".join(c[2] for c in chunks)
-    signs = bm25.symbol_words(body)  # FTS5 drops ⛔ 📅: each becomes a word of its own
+    # FTS5 drops ⛔ 📅: each becomes a word of its own (of the title and headings too)
+    signs = bm25.symbol_words("\n".join([title, keywords, *headings, body]))
     return title, keywords, "\n".join(headings), body + ("\n" + signs if signs else "")
 
 

@@ -120,7 +120,7 @@ def indexed_texts(db: sqlite3.Connection, rows) -> list[str]:
     """What the index holds of each chunk row (id, file_id, heading, keywords, body): FTS5's
     tokens, then its symbols — themselves, not the words FTS5 holds them by at the end of
     the keywords (chunker.with_symbols: here they would only lengthen the chunk)."""
-    texts = [search_text(r[2], note_keywords(r[3], r[4]), r[4]) for r in rows]
+    texts = [search_text(r[2], note_keywords(r[2], r[3], r[4]), r[4]) for r in rows]
     return [" ".join([tokens, *bm25.symbols(text)]) if any(ch > "\x7f" for ch in text)
             else tokens for tokens, text in zip(bm25.index_tokens(db, texts), texts)]
 

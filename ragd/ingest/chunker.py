@@ -52,16 +52,17 @@ def symbol_words(text: str) -> str:
     return " ".join(f"sym{ord(ch):x}" for ch in symbols(text))
 
 
-def with_symbols(keywords: str, body: str) -> str:
-    """A chunk's keywords: its note's aliases and tags, then the symbols of its body as words
-    (see symbols)."""
-    signs = symbol_words(body)
+def with_symbols(heading: str, keywords: str, body: str) -> str:
+    """A chunk's keywords: its note's aliases and tags, then the symbols of its heading path
+    (the title's too), keywords and body as words (see symbols)."""
+    signs = symbol_words(f"{heading}\n{keywords}\n{body}")
     return f"{keywords} {signs}" if keywords and signs else keywords or signs
 
 
-def note_keywords(keywords: str, body: str) -> str:
-    """The note's own keywords out of a chunk's (with_symbols undone)."""
-    signs = symbol_words(body)
+def note_keywords(heading: str, keywords: str, body: str) -> str:
+    """The note's own keywords out of a chunk's (with_symbols undone: the words it added are
+    ASCII, so the symbols counted again are the same)."""
+    signs = symbol_words(f"{heading}\n{keywords}\n{body}")
     return keywords[:-len(signs)].rstrip() if signs and keywords.endswith(signs) else keywords
 
 
@@ -197,7 +198,7 @@ def chunk_doc(doc: Doc, budget: int = 256, overlap: int = 48) -> list[Chunk]:
         if pieces[0].context:
             body = clean_text(pieces[0].context, doc.obsidian) + "\n" + body
         chunks.append(Chunk(heading_path(), start + 1, end + 1, text, body,
-                            with_symbols(keywords, body)))
+                            with_symbols(heading_path(), keywords, body)))
 
     def flush() -> None:
         nonlocal section
@@ -237,5 +238,6 @@ def chunk_doc(doc: Doc, budget: int = 256, overlap: int = 48) -> list[Chunk]:
         filled = [i for i, line in enumerate(doc.lines) if line.strip()]
         if filled:
             text = "\n".join(doc.lines[:filled[-1] + 1]).strip()
-            chunks.append(Chunk(heading_path(), 1, filled[-1] + 1, text, "", keywords))
+            chunks.append(Chunk(heading_path(), 1, filled[-1] + 1, text, "",
+                                with_symbols(heading_path(), keywords, "")))
     return chunks
