@@ -129,8 +129,9 @@ def test_a_buffer_embeds_only_its_new_texts_and_related_notes(make_daemon, tmp_p
 
 
 def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, tmp_path):
-    """A section held word for word by many notes (a licence footer) does not link them:
-    related answers from the note's own sections, by topic."""
+    """A section held word for word by many notes of a source (a licence footer) does not link
+    them, however many notes other sources hold: related answers from the note's own
+    sections, by topic."""
     root = tmp_path / "docs"
     root.mkdir()
     footer = ("\n## Copyright\n\nThis document has been placed in the public domain. "
@@ -147,7 +148,12 @@ def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, 
     }
     for name, body in topics.items():
         (root / name).write_text(body + footer)
-    d = make_daemon(sources=[{"name": "docs", "path": str(root)}], extra=engine_config())
+    other = tmp_path / "journal"  # a source beside it, without the footer
+    other.mkdir()
+    for i in range(12):
+        (other / f"day{i}.md").write_text(f"# Day {i}\n\nWalked to the harbour and back.\n")
+    d = make_daemon(sources=[{"name": "docs", "path": str(root)},
+                             {"name": "journal", "path": str(other)}], extra=engine_config())
     with d:
         wait_embedded(d)
         rel = d.call("related", path=str(root / "roses.md"), k=3)["results"]
