@@ -223,9 +223,13 @@ def do_service(args) -> int:
     from ragctl import service
     if args.action == "install":
         sock = P.socket_path(args.socket, args.config)
-        if _ping(sock) is not None and not args.no_start:
-            print("stopping the ragd started by 'ragctl start': the service runs it from now on")
-            do_stop(args)
+        running = _ping(sock) is not None and not args.no_start
+
+        def handover() -> None:  # once the service manager took the unit, before it starts
+            if running:
+                print("stopping the ragd started by 'ragctl start': the service runs it from "
+                      "now on")
+                do_stop(args)
         # The config this ragctl uses (--config, $RAGD_CONFIG, else the XDG one), named in the
         # unit: the service manager's environment is not this shell's.
         found = P.find_config(args.config)
@@ -233,7 +237,7 @@ def do_service(args) -> int:
             raise P.ConfigUnreadable(why)
         config = os.path.abspath(found) if found is not None else None
         try:
-            done = service.install(config, start=not args.no_start)
+            done = service.install(config, start=not args.no_start, handover=handover)
         except RuntimeError as e:
             raise Fail(str(e))
     else:

@@ -86,11 +86,14 @@ def _run(cmd: list[str]) -> tuple[bool, str]:
     return out.returncode == 0, " / ".join(said)
 
 
-def install(config: str | None, start: bool = True) -> list[str]:
+def install(config: str | None, start: bool = True, handover=None) -> list[str]:
     """Write the unit (agent) and enable it; returns what was done, line by line. Raises
     RuntimeError with what the user should run when the service manager refuses. `config`:
     the file ragctl uses, named in the unit (the service manager's environment is not the
-    shell's: without it the service could read another config than ragctl, or none)."""
+    shell's: without it the service could read another config than ragctl, or none).
+    `handover`: called once the service manager has taken the unit, just before it starts
+    ragd (to stop the ragd 'ragctl start' started): a manager that cannot be reached leaves
+    that one running (it stopped it first, and then no ragd ran)."""
     python = sys.executable
     done = []
     if sys.platform == "darwin":
@@ -99,6 +102,10 @@ def install(config: str | None, start: bool = True) -> list[str]:
         path.write_bytes(launchd_plist(python, Path.home(), config))
         done.append(f"wrote {path}{_reads(config)}")
         if start:
+            if shutil.which("launchctl") is None:
+                raise RuntimeError(f"launchctl not found; {path} is written")
+            if handover is not None:
+                handover()
             ok, msg = _run(["launchctl", "load", "-w", str(path)])
             if not ok:
                 raise RuntimeError(f"launchctl load failed ({msg}); run: launchctl load -w "
@@ -114,7 +121,10 @@ def install(config: str | None, start: bool = True) -> list[str]:
             raise RuntimeError(f"systemctl not found; {path} is written for a systemd user "
                                f"session")
         for cmd in (["systemctl", "--user", "daemon-reload"],
-                    ["systemctl", "--user", "enable", "--now", UNIT_NAME]):
+                    ["systemctl", "--user", "enable", UNIT_NAME],
+                    ["systemctl", "--user", "start", UNIT_NAME]):
+            if cmd[-2] == "start" and handover is not None:
+                handover()
             ok, msg = _run(cmd)
             if not ok:
                 raise RuntimeError(f"{' '.join(cmd)} failed: {msg}\nthe unit is written; once "

@@ -104,6 +104,22 @@ def test_service_uninstall_says_what_failed(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == f"no unit at {unit}", r.stdout
 
 
+def test_service_install_leaves_ragd_running_when_systemd_cannot_take_it(make_daemon,
+                                                                          tmp_path):
+    """install stopped the running ragd first, then found no user session: no ragd ran at
+    all. The ragd stays until the service manager has taken the unit."""
+    d = make_daemon()
+    xdg = tmp_path / "xdg"
+    env = _no_user_bus({**os.environ, "XDG_CONFIG_HOME": str(xdg)}, tmp_path)
+    with d:
+        r = ragctl("--config", d.config, "service", "install", env=env)
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert "systemctl --user daemon-reload failed" in r.stderr, r.stderr
+        assert "stopping" not in r.stdout, r.stdout
+        assert d.proc.poll() is None and d.call("status")["pid"] == d.proc.pid
+        ragctl("service", "uninstall", env=env)
+
+
 def _no_user_bus(env: dict, tmp_path: Path) -> dict:
     """An environment in which systemctl --user reaches no service manager (so a test never
     stops or disables the real user's ragd.service)."""
