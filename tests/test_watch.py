@@ -86,6 +86,40 @@ def test_create_edit_delete_rename_move(make_daemon, tmp_path):
         assert wait_embedded(d)["sources"][0]["files"] == 15
 
 
+def test_ignore_rules_edited_while_running_apply_at_once(make_daemon, tmp_path):
+    """.ragignore (and a vault's Excluded files) were read at start only: a pattern added while
+    ragd ran changed nothing, and a 'ragctl reindex' that applied it was undone by the next
+    save. Edited, the rules are read again and the source scanned with them; a file they
+    now leave out is not indexed again when it is saved."""
+    root = tmp_path / "docs"
+    (root / "drafts").mkdir(parents=True)
+    (root / "final.md").write_text("# Final\n\nThe report on quokka habitats.\n")
+    (root / "drafts" / "early.md").write_text("# Early\n\nA draft on quokka diets.\n")
+    d = make_daemon(sources=[{"name": "docs", "path": str(root)}])
+    with d:
+        d.wait_idle()
+
+        def names():
+            return sorted(Path(r["path"]).name for r in d.call(
+                "search", query="quokka", mode="bm25", wait=5)["results"])
+
+        assert names() == ["early.md", "final.md"]
+        (root / ".ragignore").write_text("drafts/\n")
+        deadline = time.monotonic() + 15
+        while names() != ["final.md"]:
+            assert time.monotonic() < deadline, names()
+            time.sleep(0.1)
+        (root / "drafts" / "early.md").write_text("# Early\n\nA second draft on quokkas.\n")
+        (root / "final.md").write_text("# Final\n\nThe report on quokka habitats, v2.\n")
+        assert d.call("search", query="v2", mode="bm25", wait=5)["results"]  # (saves heard)
+        assert names() == ["final.md"]
+        (root / ".ragignore").unlink()  # and let in again
+        deadline = time.monotonic() + 15
+        while names() != ["early.md", "final.md"]:
+            assert time.monotonic() < deadline, names()
+            time.sleep(0.1)
+
+
 def test_a_folder_with_subfolders_moved_writes_nothing_and_keeps_vectors_equal_to_chunks(
         make_daemon, tmp_path):
     """watchdog tells a folder's move once for the folder and once for each file and subfolder

@@ -73,6 +73,9 @@ INOTIFY_HINT = ("raise the inotify watch limit, e.g. `sudo sysctl fs.inotify.max
                 "524288` (and add it to /etc/sysctl.conf)")
 
 
+# The files holding a source's own rules (sources.Rules), relative to its root.
+RULE_FILES = (".ragignore", ".obsidian/app.json")
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, watcher: "Watcher", source: Source):
         self.watcher = watcher
@@ -388,6 +391,8 @@ class Watcher:
         if rules is None:
             return  # a source a reload just removed
         self.last_event[s.name] = time.time()
+        if self._rules_edited(s, event, rules):
+            return
         if os.fsdecode(event.src_path) == str(s.root):
             return
         if event.event_type == "moved":
@@ -420,6 +425,22 @@ class Watcher:
             return
         if rules.wanted(rel):
             self._settle([(s.name, rel)], now)
+
+    def _rules_edited(self, s: Source, event: FileSystemEvent, rules: Rules) -> bool:
+        """Is this an edit of the source's own rules — its .ragignore, a vault's Excluded files
+        (.obsidian/app.json)? They are read again, and when they changed the source is scanned
+        with them: files now left out leave the index, files let in enter it. (They were read
+        at start only: a pattern added to .ragignore changed nothing until a restart, and a
+        'ragctl reindex' that applied it was undone by the next save.)"""
+        paths = [event.src_path] + ([event.dest_path] if event.event_type == "moved" else [])
+        if not any(self._rel(s, p) in RULE_FILES for p in paths):
+            return False
+        fresh = Rules(s)
+        if fresh.ignore != rules.ignore:
+            self.rules[s.name] = fresh
+            log.info("source %s: its ignore rules changed; scanning it with them", s.name)
+            self.indexer.request_scan(s.name)
+        return True
 
     def _files_under(self, s: Source, rel_dir: str) -> list[str]:
         """Wanted files under a folder of the source (walked without holding any lock)."""
