@@ -45,7 +45,7 @@ def in_sync(d, timeout: float = 120.0) -> dict:
 
 def bm25_served_by(backend: str) -> str | None:
     """What the reply's bm25_index says served the keyword ranking."""
-    return {"sqlite": "tantivy", "sqlite-fts5": None, "milvus": None}[backend]
+    return {"sqlite": "tantivy", "sqlite-fts5": "fts5", "milvus": None}[backend]
 
 
 def paths(res) -> list[str]:

@@ -470,6 +470,7 @@ class Searcher:
         if hits is None:
             hits = [(h.chunk_id, h.score) for h in bm25.search(
                 db, query, n, filters, share, dfs)]
+            info.setdefault("bm25_index", "fts5")  # (bm25_index = "fts5": no tantivy index)
         if bufs:
             hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None, share),
                           key=lambda h: -h[1])[:n]
