@@ -109,6 +109,8 @@ def test_an_absolute_path_filter_is_taken_relative_to_its_source(make_daemon, tm
             return sorted(Path(r["path"]).name for r in res["results"])
 
         assert names(path="Projects/*") == ["alpha.md", "gamma.md"]  # (relative: both)
+        assert names(path="projects") == names(path="*/ALPHA.MD") + ["gamma.md"] == \
+            ["alpha.md", "gamma.md"]  # (case ignored: a document folder's REPORT.PDF)
         assert names(path=f"{v}/Projects/*") == ["alpha.md"]
         assert names(path=f"{v}/Projects") == names(path=f"{v}/Projects/") == ["alpha.md"]
         assert names(path=f"{v}/Journal/day.md") == ["day.md"]

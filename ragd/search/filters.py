@@ -7,7 +7,10 @@ chunks gets a full list of candidates, not the few that survive a filter after r
 - sources: source names;
 - path: a glob on the path relative to its source root (``*`` and ``?`` as SQLite GLOB: ``*``
   spans folders too, so ``Projects/*`` is everything under Projects); a path with no wildcard
-  is that file or that folder (``Projects`` is ``Projects`` and ``Projects/*``);
+  is that file or that folder (``Projects`` is ``Projects`` and ``Projects/*``). It ignores
+  the case of ASCII letters, as SQLite's lower() does: ``*.pdf`` finds REPORT.PDF, which a
+  document folder indexes (its include globs ignore case), and ``projects`` the Projects
+  folder;
 - tag: an Obsidian tag (``#`` optional); a nested tag ``a/b`` matches the filter ``a``;
 - since / before: the file's modification time (Unix seconds), since inclusive.
 """
@@ -19,6 +22,9 @@ import sqlite3
 from dataclasses import dataclass
 
 import numpy as np
+
+
+_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")  # as SQLite
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class Filters:
         file as indexed: a buffer passes them only when they are not asked for."""
         if self.sources is not None and source not in self.sources:
             return False
-        if self.path is not None and not any(fnmatch.fnmatchcase(rel, g)
+        if self.path is not None and not any(fnmatch.fnmatchcase(rel.translate(_LOWER), g)
                                              for g in path_globs(self.path)):
             return False
         return self.tag is None and self.since is None and self.before is None
@@ -53,7 +59,7 @@ class Filters:
             params += list(self.sources)
         if self.path is not None:
             globs = path_globs(self.path)
-            conds.append("(" + " OR ".join(f"{f}.relpath GLOB ?" for _ in globs) + ")")
+            conds.append("(" + " OR ".join(f"lower({f}.relpath) GLOB ?" for _ in globs) + ")")
             params += globs
         if self.tag is not None:
             tag = self.tag.lstrip("#")
@@ -84,6 +90,7 @@ def path_globs(path: str) -> list[str]:
     """The globs a path filter stands for: itself when it has a wildcard; else the file of that
     name and everything in the folder of that name ('Getting Started' matched nothing: only
     'Getting Started/*' did)."""
+    path = path.translate(_LOWER)  # (matched against the lower-cased path)
     if any(c in path for c in "*?["):
         return [path]
     path = path.strip("/")
