@@ -277,7 +277,13 @@ def m007_symbol_words(db: sqlite3.Connection) -> None:
         "SELECT id, heading, keywords, body FROM chunks")
         if any(ch > "\x7f" for ch in heading + kw + body)
         and (new := with_symbols(heading, kw, body)) != kw]
+    tantivy = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'text_outbox'").fetchone()
+    waiting = {r[0] for r in db.execute("SELECT chunk_id FROM text_outbox")} if tantivy else ()
     db.executemany("UPDATE chunks SET keywords = ? WHERE id = ?", rows)
+    if tantivy:  # what tantivy holds of them is unchanged (textindex.indexed_texts): not sent
+        # again, which would leave each old document counted in its statistics
+        db.executemany("DELETE FROM text_outbox WHERE chunk_id = ?",
+                       [(cid,) for _, cid in rows if cid not in waiting])
     refresh_notes(db)
 
 
