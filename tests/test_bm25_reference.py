@@ -305,7 +305,8 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
     try:
         def synced():
             deadline = time.monotonic() + 120
-            while not (ti.serving and ti.wait_synced(1.0) and ti.state == "in sync"):
+            # (wait_synced first: it sleeps; the loop must not spin while the fill runs)
+            while not (ti.wait_synced(1.0) and ti.serving and ti.state == "in sync"):
                 assert time.monotonic() < deadline, ti.status()
             searcher, why = ti.view(db)
             assert why == "tantivy"
