@@ -171,3 +171,23 @@ def test_changes_of_a_file_written_twice_in_one_transaction_add_only_its_last_ch
     mirror -= set(changes.removed)
     mirror |= {a[0] for a in changes.added}
     assert mirror == set(now)
+
+
+def test_a_text_queued_again_while_it_is_embedded_is_counted_once():
+    """Two sources holding the same note: the second's commit queues again the texts the
+    embedder has in hand. pending_texts counted them twice (CI saw 178 for 114 texts)."""
+    import threading
+
+    from ragd.index.vectorstore import Space
+
+    space = Space(1, None, None)
+    space.queue(["a", "b", "c"])
+    assert space.take(2, threading.Event()) == ["a", "b"]
+    assert space.pending() == 3
+    space.queue(["b"])  # the same text, committed by another file
+    assert space.pending() == 3
+    space.done(["a", "b"])
+    assert space.pending() == 2  # b is found cached when taken again: nothing is re-embedded
+    assert space.take(5, threading.Event()) == ["c", "b"]
+    space.done(["c", "b"])
+    assert space.idle()

@@ -277,7 +277,7 @@ class Embedder:
             left = [h for h in hashes if h not in done]
             if left:
                 space.give_back(left)
-            space.done(len(hashes))
+            space.done(hashes)
 
     def _embed_batch(self, db: sqlite3.Connection, batch: list[tuple[str, str, int, bool]]) -> None:
         log.debug("embedding %d texts (%d tokens)", len(batch), sum(b[2] for b in batch))

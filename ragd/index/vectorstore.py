@@ -76,7 +76,10 @@ class Space:
         self.cv = threading.Condition()
         self.todo: OrderedDict[str, None] = OrderedDict()  # text hashes without a vector
         self.retry: list[tuple[float, str]] = []  # (when, text hash): refused, try again
-        self.inflight = 0  # hashes taken off the queue, not yet stored
+        # Hashes taken off the queue, not yet stored. One may be queued again meanwhile (the
+        # same text committed by another file): it is counted once, and found cached when
+        # taken again.
+        self.inflight: set[str] = set()
         self.changed_at = 0.0  # monotonic time the matrix last changed (for snapshots)
         self.saved_at = 0.0
         self.ann_ops: list | None = None  # while a graph is built: changes to replay on it
@@ -91,7 +94,8 @@ class Space:
 
     def pending(self) -> int:
         with self.cv:
-            return len(self.todo) + len(self.retry) + self.inflight
+            return (len(self.todo) + len(self.retry)
+                    + sum(1 for h in self.inflight if h not in self.todo))
 
     def busy(self) -> bool:  # with self.cv held
         return bool(self.todo or self.retry or self.inflight)
@@ -130,7 +134,7 @@ class Space:
             out = []
             while self.todo and len(out) < n:
                 out.append(self.todo.popitem(last=False)[0])
-            self.inflight += len(out)
+            self.inflight.update(out)
             return out
 
     def give_back(self, hashes: list[str]) -> None:
@@ -141,9 +145,9 @@ class Space:
                 self.todo.move_to_end(h, last=False)
             self.cv.notify_all()
 
-    def done(self, n: int) -> None:
+    def done(self, hashes: list[str]) -> None:
         with self.cv:
-            self.inflight -= n
+            self.inflight.difference_update(hashes)
             self.cv.notify_all()
 
     def queued(self, hashes: set[str]) -> set[str]:
