@@ -282,7 +282,8 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
     """tantivy counts a deleted document in its BM25 statistics until a merge drops it: with a
     third of the notes gone, a word only they held still had its document frequency, and N
     and the average length were the old ones. Past textindex.REFILL_SHARE deleted (since the
-    fill) the index is filled anew; below it, it is kept."""
+    fill) the index is filled anew; below it, it is kept. A chunk updated in place (a renamed
+    note's) leaves a deleted document too."""
     from ragd.index import textindex
     root = copy_vault("obsidian-tasks-docs", tmp_path / "vault")
     cfg = config.from_dict({"daemon": {"data_dir": str(tmp_path / "data")},
@@ -316,6 +317,8 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         chunks = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
         assert ti.pushed == chunks
         # a few notes gone: fewer than REFILL_SHARE of the chunks, the index is kept
+        kanban = db.execute("SELECT COUNT(*) FROM chunks JOIN files f ON f.id = file_id "
+                            "WHERE f.relpath = 'Other Plugins/Kanban Plugin.md'").fetchone()[0]
         (root / "Other Plugins" / "Kanban Plugin.md").unlink()
         index()
         synced()
@@ -324,6 +327,15 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         word = "delimiter"
         before = synced().doc_freq("text", bm25.index_tokens(db, [word])[0])
         assert before > 0
+        # those notes renamed: their chunks are updated in place (same ids, new headings), and
+        # each update leaves a deleted document behind as a delete does
+        for p in list((root / "Queries").rglob("*.md")):
+            p.rename(p.with_name("Renamed " + p.name))
+        index()
+        assert db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == chunks - kanban
+        searcher = synced()
+        assert searcher.doc_freq("text", bm25.index_tokens(db, [word])[0]) == before
+        assert searcher.num_docs == chunks - kanban
         shutil.move(str(root / "Queries"), tmp_path / "Queries")
         index()
         assert db.execute("SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?",

@@ -61,12 +61,12 @@ FILL_BATCH = 32768  # chunks per commit while filling: each commit writes a segm
 HEAP_BYTES = 64_000_000
 KEEP_SEARCHERS = 4  # generations kept for searches whose snapshot is a commit or two behind
 IDLE_CHECK = 60.0  # seconds between looks at the outbox when no commit woke the thread
-# tantivy's BM25 counts a deleted document — each chunk an edit or a delete replaced — in its
-# statistics (the number of documents, each word's document frequency, the average length)
-# until a merge drops it, and its merges seldom take the large segment a fill wrote. The dev
-# set's ranking moved by ±0.01 MRR@10 with 8% of the chunks replaced, and a word no chunk
-# holds any more still counted. Once the chunks deleted since the fill reach this share of
-# those there (and REFILL_MIN), the index is filled anew (FTS5 answers meanwhile).
+# tantivy's BM25 counts a deleted document — each chunk an edit, a move or a delete replaced —
+# in its statistics (the number of documents, each word's document frequency, the average
+# length) until a merge drops it, and its merges seldom take the large segment a fill wrote.
+# The dev set's ranking moved by ±0.01 MRR@10 with 8% of the chunks replaced, and a word no
+# chunk holds any more still counted. Once the documents deleted since the fill reach this
+# share of those there (and REFILL_MIN), the index is filled anew (FTS5 answers meanwhile).
 REFILL_SHARE = 0.2
 REFILL_MIN = 200
 
@@ -240,7 +240,7 @@ class TextIndex(outbox.OutboxSync):
                                  "'text_deleted'), 0)").fetchone()[0])
         live = self.index.searcher().num_docs
         if deleted >= max(REFILL_MIN, REFILL_SHARE * live):
-            log.info("text index: %d chunks deleted since it was filled still count in its "
+            log.info("text index: %d documents deleted since it was filled still count in its "
                      "statistics (%d there); filling it anew", deleted, live)
             self._begin_fill(db)
             return
@@ -270,13 +270,20 @@ class TextIndex(outbox.OutboxSync):
         gone meanwhile was never added)."""
         import tantivy
         w = self._writer
-        gone = 0  # ids of chunks no longer there: documents deleted (see REFILL_SHARE)
+        # Documents this push leaves deleted (see REFILL_SHARE): those of chunks no longer
+        # there, and those of chunks updated in place (a moved note's new heading), which the
+        # index held before.
+        gone = 0
+        held = self.index.searcher() if counted else None
         for i in range(0, len(batch), BATCH):
             ids = [cid for _, cid in batch[i:i + BATCH]]
             rows = db.execute(
                 f"SELECT id, file_id, heading, keywords, body FROM chunks "
                 f"WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
             gone += len(ids) - len(rows)
+            if held is not None and rows:
+                gone += held.search(tantivy.Query.term_set_query(
+                    self.schema, "id", [r[0] for r in rows]), 1, count=True).count
             texts = indexed_texts(db, rows)
             for cid in ids:
                 w.delete_documents_by_term("id", cid)
