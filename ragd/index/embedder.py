@@ -254,6 +254,7 @@ class Embedder:
             cached = set(self.store.cached(db, space.id, list(texts)))
             if cached:
                 self.store.to_matrix(db, space, {h: None for h in cached})
+                space.stored(cached)
             work = [(h, t) for h, t in texts.items() if h not in cached]
             # Token counting runs ahead in a helper thread (its own engine connection), so the
             # engine is not idle between embedding requests while we tokenize the next texts.
@@ -296,6 +297,7 @@ class Embedder:
         with store.transaction(db, self._stop):
             insert(db, self.space.id, [(h, v, n, tr) for (h, _, n, tr), v in zip(batch, vecs)])
         self.store.to_matrix(db, self.space, {h: v for (h, _, _, _), v in zip(batch, vecs)})
+        self.space.stored([h for h, _, _, _ in batch])  # pending_texts falls batch by batch
         self._count(batch)
 
     def _record_failure(self, db: sqlite3.Connection, h: str, reason: str) -> None:

@@ -145,27 +145,38 @@ class Space:
                 self.todo.move_to_end(h, last=False)
             self.cv.notify_all()
 
+    def stored(self, hashes) -> None:
+        """These texts have their vectors (in the cache and the matrix): no longer counted as
+        waiting, nor queued again (another file's commit queued a text while it was embedded;
+        a chunk committed since is given the vector by to_matrix or the commit's cache look)."""
+        with self.cv:
+            for h in hashes:
+                self.inflight.discard(h)
+                self.todo.pop(h, None)
+            self.cv.notify_all()
+
     def done(self, hashes: list[str]) -> None:
         with self.cv:
             self.inflight.difference_update(hashes)
             self.cv.notify_all()
 
     def queued(self, hashes: set[str]) -> set[str]:
-        """Those of these hashes waiting in the queue (not those being embedded now)."""
+        """Those of these hashes waiting in the queue or being embedded now."""
         with self.cv:
-            out = {h for h in hashes if h in self.todo}
+            out = {h for h in hashes if h in self.todo or h in self.inflight}
             out.update(h for _, h in self.retry if h in hashes)
             return out
 
     def forget(self, hashes: set[str]) -> None:
         """Texts no chunk has any more, out of the queue: what is left to embed (status'
-        pending_texts and its ETA) no longer counts them. Those being embedded now are dropped
-        by the embedder when it finds no chunk for them."""
+        pending_texts and its ETA) no longer counts them, nor those being embedded now (which
+        the embedder drops if it has not read their text yet)."""
         if not hashes:
             return
         with self.cv:
             for h in hashes:
                 self.todo.pop(h, None)
+            self.inflight.difference_update(hashes)  # (still embedded, the vectors kept)
             if any(h in hashes for _, h in self.retry):
                 self.retry = [r for r in self.retry if r[1] not in hashes]
                 heapq.heapify(self.retry)
