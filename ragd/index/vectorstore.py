@@ -77,8 +77,8 @@ class Space:
         self.todo: OrderedDict[str, None] = OrderedDict()  # text hashes without a vector
         self.retry: list[tuple[float, str]] = []  # (when, text hash): refused, try again
         # Hashes taken off the queue, not yet stored. One may be queued again meanwhile (the
-        # same text committed by another file): it is counted once, and found cached when
-        # taken again.
+        # same text committed by another file): it is counted once, and leaves the queue
+        # when it is stored (see stored).
         self.inflight: set[str] = set()
         self.changed_at = 0.0  # monotonic time the matrix last changed (for snapshots)
         self.saved_at = 0.0
