@@ -705,7 +705,7 @@ def _remove_source(args, name: str) -> int:
     path = configfile.target(args.config, call(args, "status").get("config") if running else None)
     before = path.read_text(encoding="utf-8") if path.exists() else None
     try:
-        configfile.remove_source(path, name)
+        name = configfile.remove_source(path, name)
     except configfile.ConfigFileError as e:
         raise Fail(str(e), 2)
     print(f"removed source {name!r} from {path}")

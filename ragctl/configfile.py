@@ -131,7 +131,9 @@ def add_source(path: Path, folder: Path, name: str | None = None,
     return name, True
 
 
-def remove_source(path: Path, name: str) -> None:
+def remove_source(path: Path, name: str) -> str:
+    """Remove the source named `name` (or, when none is, the one name that differs from it
+    only in case) from the config file. Returns the name removed."""
     if not path.exists():
         raise ConfigFileError(f"no config file at {path}, so no source named {name!r}")
     try:
@@ -139,6 +141,10 @@ def remove_source(path: Path, name: str) -> None:
     except tomlkit.exceptions.ParseError as e:
         raise ConfigFileError(f"{path}: not valid TOML: {e}") from None
     existing = doc.get("sources") or []
+    names = [str(s.get("name")) for s in existing]
+    if name not in names:  # "notes" for "Notes", when only one name differs only in case
+        folded = [n for n in names if n.casefold() == name.casefold()]
+        name = folded[0] if len(folded) == 1 else name
     keep = [i for i, s in enumerate(existing) if s.get("name") != name]
     if len(keep) == len(existing):
         known = ", ".join(str(s.get("name")) for s in existing) or "none"
@@ -150,6 +156,7 @@ def remove_source(path: Path, name: str) -> None:
             if i not in keep:
                 del existing[i]
     _write(path, tomlkit.dumps(doc))
+    return name
 
 
 def set_value(path: Path, table: str, key: str, value) -> None:

@@ -209,6 +209,15 @@ class Config:
     def source(self, name: str) -> Source | None:
         return next((s for s in self.sources if s.name == name), None)
 
+    def named(self, name: str) -> Source | None:
+        """The source a user means by `name`: the one of that name, else the one whose name
+        differs only in case ("notes" for "Notes"; not when two do)."""
+        exact = self.source(name)
+        if exact is not None:
+            return exact
+        folded = [s for s in self.sources if s.name.casefold() == name.casefold()]
+        return folded[0] if len(folded) == 1 else None
+
     @property
     def overlaps(self) -> list[str]:
         """A source whose folder is inside another's: a file both include is indexed, and

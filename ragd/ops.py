@@ -321,10 +321,7 @@ class Ops:
         if sources is not None:
             if not all(isinstance(s, str) for s in sources):
                 raise OpError(P.BAD_ARGS, f"{op}: 'sources' must be a list of source names")
-            bad = [s for s in sources if self.cfg.source(s) is None]
-            if bad:
-                raise OpError(P.NOT_FOUND, f"{op}: no source named {bad[0]!r}; known: "
-                              f"{', '.join(s.name for s in self.cfg.sources) or 'none'}")
+            sources = [self._source(op, s).name for s in sources]
         elif self.indexer.unconfigured:
             sources = [s.name for s in self.cfg.sources]
         if path and os.path.isabs(os.path.expanduser(path)):
@@ -508,10 +505,18 @@ class Ops:
         except excerpt.Refused as e:
             raise OpError(e.code, e.message) from None
 
-    def cmd_reindex(self, source: str | None) -> dict:
-        if source is not None and self.cfg.source(source) is None:
-            raise OpError(P.NOT_FOUND, f"reindex: no source named {source!r}; known: "
+    def _source(self, op: str, name: str):
+        """The configured source a request names (case aside: Config.named), or NOT_FOUND
+        listing the known names."""
+        src = self.cfg.named(name)
+        if src is None:
+            raise OpError(P.NOT_FOUND, f"{op}: no source named {name!r}; known: "
                           f"{', '.join(s.name for s in self.cfg.sources) or 'none'}")
+        return src
+
+    def cmd_reindex(self, source: str | None) -> dict:
+        if source is not None:
+            source = self._source("reindex", source).name
         names = self.indexer.request_scan(source, force=True)
         return {"queued": names}
 
@@ -520,8 +525,8 @@ class Ops:
         """Every file ragd has seen: status, reason, chunks, when it was indexed; a page at a
         time, in (source, path) order. `next` is the cursor of the following page (None at
         the end): pass it as `after`."""
-        if source is not None and self.cfg.source(source) is None:
-            raise OpError(P.NOT_FOUND, f"files: no source named {source!r}")
+        if source is not None:
+            source = self._source("files", source).name
         if status is not None and status not in ("indexed", "skipped", "failed"):
             raise OpError(P.BAD_ARGS, "files: status must be indexed, skipped or failed")
         if not 1 <= limit <= FILES_PAGE_MAX:

@@ -129,3 +129,20 @@ def test_a_source_folder_that_is_not_there_is_not_a_config_error(tmp_path):
     with pytest.raises(config.ConfigError, match="does not exist"):
         config.load(f, env={"XDG_DATA_HOME": str(tmp_path)},
                     extra_sources=[str(tmp_path / "later")])
+
+
+def test_a_source_named_by_a_user_is_found_whatever_its_case_unless_two_match(tmp_path):
+    """`ragctl sources remove notes`, `--source notes` for a source named "Notes" (a fresh-user
+    walk typed it so): the one name that differs only in case is meant; with two such names
+    none is guessed."""
+    f = tmp_path / "config.toml"
+    f.write_text(f"[[sources]]\nname = 'Notes'\npath = '{tmp_path}'\n"
+                 f"[[sources]]\nname = 'Work'\npath = '{tmp_path}/w'\n")
+    cfg = config.load(f, env={"XDG_DATA_HOME": str(tmp_path)})
+    assert cfg.named("Notes").name == "Notes" and cfg.named("NOTES").name == "Notes"
+    assert cfg.named("notes").name == "Notes" and cfg.named("work").name == "Work"
+    assert cfg.named("note") is None and cfg.source("notes") is None  # (ids stay exact)
+    f.write_text(f.read_text() + f"[[sources]]\nname = 'notes'\npath = '{tmp_path}/n'\n")
+    cfg = config.load(f, env={"XDG_DATA_HOME": str(tmp_path)})
+    assert cfg.named("notes").name == "notes" and cfg.named("Notes").name == "Notes"
+    assert cfg.named("NOTES") is None

@@ -74,7 +74,11 @@ def test_ragctl_commands_and_json_shapes(make_daemon, tmp_path):
         assert "obsidian-tasks-docs" in r.stdout and "obsidian" in r.stdout
         r = ragctl("--config", cfg, "reindex", "--source", "nope")
         assert r.returncode == 1 and "no source named 'nope'" in r.stderr
-        r = ragctl("--config", cfg, "reindex", "--json")
+        # a source's name in another case means it (ragd/config.py: Config.named)
+        r = ragctl("--config", cfg, "search", "--json", "--source", "Obsidian-Tasks-Docs",
+                   PHRASE, "-k", "1")
+        assert r.returncode == 0 and json.loads(r.stdout)["results"][0]["path"].endswith(NOTE)
+        r = ragctl("--config", cfg, "reindex", "--json", "--source", "OBSIDIAN-tasks-docs")
         assert json.loads(r.stdout) == {"queued": ["obsidian-tasks-docs"]}
         d.wait_idle()
         assert d.call("status")["totals"]["files_indexed"] == 2 * 118

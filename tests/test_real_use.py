@@ -127,9 +127,9 @@ def test_sources_added_removed_and_renamed_live(tmp_path):
         cfg.write_text(before)
         assert ragctl("--config", cfg, "reload").returncode == 0
         assert not any("is inside source" in h for h in d.wait_idle()["hints"])
-        # removed: never searched again
-        r = ragctl("--config", cfg, "sources", "remove", "notes")
-        assert r.returncode == 0, r.stderr
+        # removed (named in another case: the one source it can mean): never searched again
+        r = ragctl("--config", cfg, "sources", "remove", "NOTES")
+        assert r.returncode == 0 and "removed source 'notes'" in r.stdout, r.stderr
         d.wait_idle()
         assert d.call("search", query="QuickAdd", mode="bm25")["results"] == []
         assert d.call("status")["sources"] == []
