@@ -840,6 +840,10 @@ def _use(args) -> int:
     except P.DaemonError as e:
         configfile.restore(path, before)
         raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was")
+    if res.get("embedding_error"):  # ragd keeps the model in use: so does the config file
+        configfile.restore(path, before)
+        raise Fail(f"{value} cannot be used: {res['embedding_error']}; the model in use stays "
+                   f"and {path} is left as it was")
     note = res.get("embedding") or "unchanged"
     emit(args, {"config": str(path), "model": value, "embedding": note},
          lambda r: print(f"[embedding] model = {value!r} in {path}: {note}"))

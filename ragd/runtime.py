@@ -212,17 +212,26 @@ class Runtime:
         switch under way, the model in use serves and this one is built beside it."""
         self.embedding.start(model)
 
-    def _change_model(self, cfg) -> str:
-        """The configured embedding model changed: switch to it without downtime."""
-        if not cfg.embedding_model:
-            return "embedding.model is now empty: a restart turns dense search off"
+    def _change_model(self, cfg, new) -> tuple[str, str | None]:
+        """The configured embedding model changed: switch to it without downtime. Returns
+        (what happens, why the new model cannot be used or None). A model that cannot be used
+        (no such file or registry name, a download failing) is not taken: the config in force
+        keeps the model in use, and a reload tries the file's again."""
+        if not new.embedding_model:
+            for field in MODEL_FIELDS:
+                setattr(cfg, field, getattr(new, field))
+            return "embedding.model is now empty: a restart turns dense search off", None
         try:
             model = self.engines.resolve_embedding(
-                cfg.embedding_model, cfg.embedding_pooling, cfg.embedding_query_prefix,
-                cfg.embedding_doc_prefix)
+                new.embedding_model, new.embedding_pooling, new.embedding_query_prefix,
+                new.embedding_doc_prefix)
         except Exception as e:
-            return f"the new embedding model cannot be used ({e}); the one in use stays"
-        return self.embedding.change(model, cfg.embedding_model)
+            log.warning("the embedding model %r cannot be used (%s): %r stays", 
+                        new.embedding_model, e, cfg.embedding_model)
+            return f"the new embedding model cannot be used ({e}); the one in use stays", str(e)
+        for field in MODEL_FIELDS:
+            setattr(cfg, field, getattr(new, field))
+        return self.embedding.change(model, cfg.embedding_model), None
 
     # -- reloading --------------------------------------------------------------------------------
 
@@ -257,11 +266,13 @@ class Runtime:
             applied = [f for f in LIVE if getattr(cfg, f) != getattr(new, f)]
             for field in LIVE:
                 setattr(cfg, field, getattr(new, field))
-            model_note = None
+            model_note = model_error = None
             if any(model_changed) and cfg.embedding_model:
-                for field in MODEL_FIELDS:
-                    setattr(cfg, field, getattr(new, field))
-                model_note = self._change_model(cfg)
+                model_note, model_error = self._change_model(cfg, new)
+            elif cfg.embedding_model and "embedding" in self.engines.errors \
+                    and self.embedding.active is None:
+                # its preparation failed (no network, no file yet): a reload tries it again
+                model_note = self.engines.prepare_embedding()
             cfg.path = new.path
             said = set(cfg.overlaps)
             cfg.sources = new.sources
@@ -291,6 +302,8 @@ class Runtime:
                       "removed": removed, "moved": moved, "changed": changed,
                       "renamed": renamed, "missing": missing, "rechunk": rechunk,
                       "applied": applied, "restart_needed": restart, "embedding": model_note}
+            if model_error:
+                result["embedding_error"] = model_error
             log.info("reloaded %s: sources added %s, removed %s, moved %s, changed %s%s%s%s",
                      cfg.path or "built-in defaults", ", ".join(added) or "none",
                      ", ".join(removed) or "none", ", ".join(moved) or "none",

@@ -161,3 +161,72 @@ def test_models_use_and_cancel(make_daemon, tmp_path):
         assert "switch" not in e and e["space"] == s1
         r = d.call("search", query="custom statuses", mode="hybrid")
         assert r["vector_space"] == s1 and not r["degraded"]
+
+
+def test_a_model_that_cannot_be_used_is_refused_and_a_failed_one_is_replaced_live(
+        make_daemon, tmp_path):
+    """The README's remedy for a first start without network (the default model cannot be
+    fetched): `ragctl models use FILE.gguf`. It starts that model at once — before, the failed
+    model stayed failed until a restart, and the reply said "still starting". A model that
+    cannot be used is refused: exit 1, the config file left as it was (it was written, and
+    broke vectors at the next start), the model in use kept."""
+    root = small_vault(tmp_path / "v")
+    missing = tmp_path / "not-there.gguf"
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(embedding=missing))
+    with d:
+        deadline = time.monotonic() + 30
+        while (e := d.call("status")["engines"]["embedding"]).get("state") != "failed":
+            assert time.monotonic() < deadline, e
+            time.sleep(0.1)
+        assert "does not exist" in e["reason"] and d.call(
+            "search", query="kanban", mode="hybrid")["degraded"] is True
+        before = d.config.read_text()
+        for bad in (str(tmp_path / "nor-this.gguf"), "no-such-model"):
+            r = ragctl("--config", d.config, "models", "use", bad)
+            assert r.returncode == 1 and "cannot be used" in r.stderr, r.stdout + r.stderr
+            assert "left as it was" in r.stderr and d.config.read_text() == before
+        assert d.call("status")["engines"]["embedding"]["model"] == str(missing)
+        r = ragctl("--config", d.config, "models", "use", str(EMBED_MODEL))
+        assert r.returncode == 0 and "preparing the embedding model" in r.stdout, r.stdout
+        st = wait_embedded(d)  # no restart
+        e = st["engines"]["embedding"]
+        assert e["model_path"] == str(EMBED_MODEL) and e["vectors"] == st["sources"][0]["chunks"]
+        r = d.call("search", query="a kanban board with lanes", mode="hybrid", k=3)
+        assert r["degraded"] is False and r["results"]
+        # and on a running model, a model that cannot be used changes nothing either
+        before = d.config.read_text()
+        r = ragctl("--config", d.config, "models", "use", str(missing))
+        assert r.returncode == 1 and d.config.read_text() == before
+        e2 = d.call("status")["engines"]["embedding"]
+        assert e2["model_path"] == str(EMBED_MODEL) and e2["space"] == e["space"]
+        assert "switch" not in e2
+
+
+def test_a_model_that_failed_to_prepare_is_tried_again_by_a_reload(make_daemon, tmp_path):
+    """The configured model could not be had at start (its file not there yet, no network for
+    the default one): once it can, `ragctl reload` prepares it, the config unchanged — before,
+    only a restart did."""
+    root = small_vault(tmp_path / "v")
+    later = tmp_path / "models" / "later.gguf"
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(embedding=later))
+    with d:
+        deadline = time.monotonic() + 30
+        while (e := d.call("status")["engines"]["embedding"]).get("state") != "failed":
+            assert time.monotonic() < deadline, e
+            time.sleep(0.1)
+        assert "ragctl models use PATH.gguf" in e["reason"]  # what to do about it
+        r = ragctl("--config", d.config, "reload")
+        assert r.returncode == 0, r.stderr  # tried again: still not there
+        deadline = time.monotonic() + 30
+        while (e := d.call("status")["engines"]["embedding"]).get("state") != "failed":
+            assert time.monotonic() < deadline, e
+            time.sleep(0.1)
+        later.parent.mkdir()
+        later.symlink_to(EMBED_MODEL)
+        r = ragctl("--config", d.config, "reload")
+        assert r.returncode == 0 and "preparing the embedding model" in r.stdout, r.stdout
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
+        assert d.call("search", query="kanban", mode="hybrid")["degraded"] is False

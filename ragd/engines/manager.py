@@ -44,6 +44,7 @@ class Engines:
         self.gen_engine: Engine | None = None
         self.errors: dict[str, str] = {}
         self.setting_up: dict[str, bool] = {}
+        self._embedding_again = False  # the config named another model while one was prepared
         self._thread = threading.Thread(target=self._setup, name="engines-setup", daemon=True)
         self._stopped = threading.Event()
         self.settings = EngineSettings(cfg.llama_server, cfg.engine_threads,
@@ -71,28 +72,14 @@ class Engines:
         for role, value in self.configured.items():
             if self._stopped.is_set():
                 return
-            try:
-                model = models.resolve(
-                    value, role, self.cfg.data_dir, pooling=self.cfg.pooling_for(role),
-                    query_prefix=self.cfg.embedding_query_prefix if role == "embedding" else None,
-                    doc_prefix=self.cfg.embedding_doc_prefix if role == "embedding" else None)
-            except ModelError as e:
-                self.errors[role] = str(e)
-                log.error("%s model: %s", role, e)
+            if role == "embedding":
+                self._setup_embedding()
+                continue
+            model = self._resolve(role, value)
+            if model is None:
                 self.setting_up[role] = False
                 continue
-            except Exception as e:  # a converter or network failure must not kill the daemon
-                self.errors[role] = f"{type(e).__name__}: {e}"
-                log.exception("%s model could not be prepared", role)
-                self.setting_up[role] = False
-                continue
-            if role == "embedding" and self.on_embedding is not None:
-                # the runtime decides what to run: this model, or (a switch under way) the
-                # model in use while this one's vectors are built beside it
-                self.on_embedding(model)
-            elif role == "embedding":
-                self.serve_embedding(model)
-            elif role == "generator":
+            if role == "generator":
                 # the context asked for, within what the model was trained on
                 model = dataclasses.replace(model, context=min(self.cfg.generator_context,
                                                                model.context))
@@ -110,6 +97,65 @@ class Engines:
                     self.rerank_engine = Engine(role, model, self.settings, run_dir, log_dir)
                     self.rerank_engine.start()
             self.setting_up[role] = False
+
+    def _resolve(self, role: str, value: str) -> ResolvedModel | None:
+        """The model for a role, fetched or built if need be; None (the reason in `errors`)
+        when it cannot be had."""
+        try:
+            return models.resolve(
+                value, role, self.cfg.data_dir, pooling=self.cfg.pooling_for(role),
+                query_prefix=self.cfg.embedding_query_prefix if role == "embedding" else None,
+                doc_prefix=self.cfg.embedding_doc_prefix if role == "embedding" else None)
+        except ModelError as e:
+            self.errors[role] = str(e)
+            log.error("%s model: %s", role, e)
+        except Exception as e:  # a converter or network failure must not kill the daemon
+            self.errors[role] = f"{type(e).__name__}: {e}"
+            log.exception("%s model could not be prepared", role)
+        if role == "embedding":  # what to do about it, where status and search say it
+            self.errors[role] += (" (`ragctl models use PATH.gguf` starts a GGUF file you "
+                                  "have, without a restart)")
+        return None
+
+    def _setup_embedding(self) -> None:
+        """Prepare the configured embedding model and hand it over (on_embedding); again while
+        the config named another one meanwhile (prepare_embedding)."""
+        while not self._stopped.is_set():
+            self.setting_up["embedding"] = True
+            model = self._resolve("embedding", self.cfg.embedding_model)
+            if model is not None:
+                self.errors.pop("embedding", None)
+                if self.on_embedding is not None:
+                    # the runtime decides what to run: this model, or (a switch under way)
+                    # the model in use while this one's vectors are built beside it
+                    self.on_embedding(model)
+                else:
+                    self.serve_embedding(model)
+            with self._lock:
+                if self._embedding_again and self.cfg.embedding_model:
+                    self._embedding_again = False
+                    self.errors.pop("embedding", None)
+                    continue
+                self.setting_up["embedding"] = False
+                return
+
+    def prepare_embedding(self) -> str:
+        """The configured embedding model changed while none serves (its preparation failed —
+        no network for the default model, a wrong path — or is still under way): prepare the
+        one configured now, on a thread (engines-setup). Returns what happens, for the
+        reload's reply."""
+        with self._lock:
+            if self._stopped.is_set():
+                return "ragd is stopping"
+            if self.setting_up.get("embedding"):  # (checked by _setup_embedding, same lock)
+                self._embedding_again = True
+                return ("the embedding model is still being prepared; the one configured now "
+                        "follows it")
+            self.setting_up["embedding"] = True
+        self.errors.pop("embedding", None)
+        threading.Thread(target=self._setup_embedding, name="engines-setup",
+                         daemon=True).start()
+        return f"preparing the embedding model {self.cfg.embedding_model}"
 
     def resolve_embedding(self, value: str, pooling: str | None, query_prefix: str | None,
                           doc_prefix: str | None) -> ResolvedModel:

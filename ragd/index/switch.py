@@ -76,6 +76,9 @@ class Embedding:
         got = self._recorded()
         value = self.cfg.embedding_model
         with self._lock:
+            if self.active is not None:  # (prepared again after a reload: a change of model)
+                log.info("%s", self.change(configured, value))
+                return
             if got is not None and identity(got[0]) != identity(configured) and \
                     Path(got[0].path).is_file():
                 recorded, old_value = got
@@ -119,8 +122,8 @@ class Embedding:
     def change(self, model: ResolvedModel, value: str) -> str:
         """The configured model is now `model`. Returns what happens, for the reload's reply."""
         with self._lock:
-            if self.active is None:
-                return "the embedding model is still starting"
+            if self.active is None:  # none serves yet, or its preparation failed
+                return self.engines.prepare_embedding()
             if self.next is not None:
                 if identity(model) == identity(self.next.model):
                     return f"already switching to {model.name}"
