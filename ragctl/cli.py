@@ -463,17 +463,21 @@ def do_search(args) -> int:
         if res.get("waited") and not res["waited"]["fresh"]:
             notes.append(f"waited {res['waited']['ms'] / 1000:.1f} s: changes are still being "
                          f"indexed, and may not be in these results yet")
-        if res.get("below_threshold"):
+        # (while vectors are coming, no close match among the chunks embedded so far is no
+        # finding yet: the coverage line says how far they are)
+        below = res.get("below_threshold") and not (
+            res.get("vector_coverage") is not None and res["vector_coverage"] < 1)
+        if below:
             notes.append("no close meaning match: these results match the query's words" + (
                 f", only some of them (confidence {res.get('confidence')}): the notes may not "
                 f"answer this" if res.get("low_confidence") and res["results"] else ""))
         if res.get("rerank_reason"):
             notes.append(f"not reranked: {res['rerank_reason']}")
-        if res.get("low_confidence") and res["results"] and not res.get("below_threshold"):
+        if res.get("low_confidence") and res["results"] and not below:
             notes.append(f"low confidence ({res.get('confidence')}): the notes may not answer "
                          f"this; few of its distinctive words are in them")
-        for note in notes:
-            print(f"({note})")
+        for note in notes:  # on stderr: `ragctl search … | head -3` gives three results
+            print(f"({note})", file=sys.stderr)
         if not res["results"]:
             print(f"no results ({res.get('reason') or 'nothing matched'})")
         terms = _terms(query)
@@ -917,10 +921,25 @@ def _version() -> str:
         return "unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A wrong command line is said as every other error is: one line on stderr, or with
+    --json one JSON object ({"error": "bad_args", ...}); exit 2. (argparse's own: its usage,
+    then the error, on several lines.)"""
+
+    json_errors = False
+
+    def error(self, message: str):
+        message = f"{self.prog}: {message} (see `{self.prog} -h`)"
+        if _Parser.json_errors:
+            message = json.dumps({"error": P.BAD_ARGS, "message": message}, ensure_ascii=False)
+        print(message, file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parser() -> argparse.ArgumentParser:
     common = _common(top=False)
-    ap = argparse.ArgumentParser(prog="ragctl", parents=[_common(top=True)],
-                                 description="Talk to the ragd retrieval daemon.")
+    ap = _Parser(prog="ragctl", parents=[_common(top=True)],
+                 description="Talk to the ragd retrieval daemon.")
     ap.add_argument("--version", action="version", version=f"ragctl {_version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -1047,6 +1066,11 @@ def _stdout_closed() -> bool:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:  # `ragctl` alone: what it can do
+        parser().print_help(sys.stderr)
+        return 2
+    _Parser.json_errors = "--json" in argv
     args = parser().parse_args(argv)
 
     def fail(message: str, rc: int, code: str = "failed", said: bool = False) -> int:
@@ -1070,8 +1094,8 @@ def main(argv=None) -> int:
         return fail(f"lost the connection to ragd: {e}", 1, "connection")
     except Fail as e:  # exit 2: a wrong command line or config, as the daemon's bad_args
         return fail(str(e), e.code, "bad_args" if e.code == 2 else "failed")
-    except P.DaemonError as e:
-        return fail(e.message, 1, e.code, said=True)
+    except P.DaemonError as e:  # its bad_args: a value of the command line it refused
+        return fail(e.message, 2 if e.code == P.BAD_ARGS else 1, e.code, said=True)
     except (ConnectionError, TimeoutError, P.ProtocolError) as e:
         return fail(f"lost the connection to ragd: {e}", 1, "connection")
     except P.ConfigUnreadable as e:

@@ -144,9 +144,16 @@ def test_ragctl_errors_name_a_missing_config_and_are_json_with_json(make_daemon,
     assert r.returncode == 2 and json.loads(r.stderr)["error"] == "bad_config"
     r = ragctl("--config", missing, "search", "", "--json")  # a wrong command line
     assert r.returncode == 2 and json.loads(r.stderr)["error"] == "bad_args"
+    # argparse's errors too: one line, or one JSON object (they were its usage and the error)
+    r = ragctl("--config", missing, "search", "--json", "--mode", "fuzzy", "x")
+    err = json.loads(r.stderr)
+    assert r.returncode == 2 and err["error"] == "bad_args" and "fuzzy" in err["message"]
+    r = ragctl("search", "-k", "abc", "x")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(
+        "ragctl search: argument -k: invalid int value: 'abc'"), r.stderr
     with make_daemon() as d:
         r = ragctl("--config", d.config, "ask", "what is due", "-k", "0", "--json")
-        assert r.returncode == 1 and r.stdout == ""
+        assert r.returncode == 2 and r.stdout == ""  # a value ragd refused: bad_args
         err = json.loads(r.stderr)
         assert err["error"] == "bad_args" and "'k' must be between" in err["message"]
         r = ragctl("--config", d.config, "ask", "what is due", "-k", "0")

@@ -87,7 +87,7 @@ def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
         r = ragctl("--config", d.config, "search", "meeting", "--tag", "journal", "--mode", "bm25")
         assert r.returncode == 0 and "day.md" in r.stdout and "alpha.md" not in r.stdout
         r = ragctl("--config", d.config, "search", "meeting", "--since", "June first")
-        assert r.returncode == 1 and "must be a date" in r.stderr
+        assert r.returncode == 2 and "must be a date" in r.stderr
 
 
 def test_an_absolute_path_filter_is_taken_relative_to_its_source(make_daemon, tmp_path):
@@ -128,7 +128,7 @@ def test_an_absolute_path_filter_is_taken_relative_to_its_source(make_daemon, tm
         assert r.returncode == 0 and "alpha.md" in r.stdout and "gamma.md" not in r.stdout, \
             r.stdout + r.stderr
         r = ragctl("--config", d.config, "search", "meeting", "--path", "/nowhere/*")
-        assert r.returncode == 1 and "is in no source's folder" in r.stderr, r.stderr
+        assert r.returncode == 2 and "is in no source's folder" in r.stderr, r.stderr
 
 
 def test_explain_says_why(make_daemon):
