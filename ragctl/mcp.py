@@ -107,7 +107,9 @@ _CHECKED = {"type", "properties", "required", "additionalProperties", "items", "
             "minimum", "maximum", "minLength"}
 _TYPES: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    # (JSON Schema: 2.0 is an integer — a number with no fractional part)
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)
+                          or isinstance(v, float) and v.is_integer()),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
     "array": lambda v: isinstance(v, list),
@@ -155,6 +157,8 @@ def check(schema: dict, value: Any, where: str) -> None:
         for name, sub in props.items():
             if name in value:
                 check(sub, value[name], f"'{name}'")
+                if sub.get("type") == "integer" and isinstance(value[name], float):
+                    value[name] = int(value[name])  # as ragd takes it
 
 
 def _known_keywords(schema: dict, where: str) -> None:

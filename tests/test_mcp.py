@@ -320,6 +320,7 @@ def test_bad_requests_get_errors_and_the_server_goes_on(daemon, vault, tmp_path)
             ("search", {"query": "x", "k": 0}, "search: 'k' must be at least 1, got 0"),
             ("search", {"query": "x", "k": 51}, "search: 'k' must be at most 50, got 51"),
             ("search", {"query": "x", "k": True}, "search: 'k' must be integer, got boolean"),
+            ("search", {"query": "x", "k": 2.5}, "search: 'k' must be integer, got number"),
             ("search", {"query": "x", "mode": "psychic"},
              "search: 'mode' must be one of hybrid, vector, bm25, got 'psychic'"),
             ("search", {"query": "x", "sources": "notes"},
@@ -336,6 +337,10 @@ def test_bad_requests_get_errors_and_the_server_goes_on(daemon, vault, tmp_path)
         for tool, args, message in cases:
             res = m.call(tool, args)
             assert res["isError"] is True and text_of(res) == message, (args, res)
+        # 2.0 is an integer to JSON Schema (and to an agent's JSON encoder): taken as 2
+        res = m.call("search", {"query": "recurring tasks", "k": 2.0})
+        assert res.get("isError") is not True, res
+        assert len(res["structuredContent"]["results"]) == 2, res
         # ... and what only the daemon can tell, it tells.
         res = m.call("search", {"query": "x", "sources": ["nope"]})
         assert res["isError"] is True and "no source named 'nope'" in text_of(res)

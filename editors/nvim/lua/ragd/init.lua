@@ -242,6 +242,7 @@ end
 function M.cmd_related()
   local buf = vim.api.nvim_get_current_buf()
   local name = vim.fn.fnamemodify(vim.api.nvim_buf_get_name(buf), ':t')
+  if name == '' then name = 'this buffer' end  -- (an unnamed one)
   -- First push the buffer as it is now, so the related notes are those of what is on screen.
   require('ragd.buffers').flush(buf, function()
     M.related(buf, {}, function(e, _, reply)
