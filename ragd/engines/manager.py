@@ -113,7 +113,7 @@ class Engines:
             self.errors[role] = f"{type(e).__name__}: {e}"
             log.exception("%s model could not be prepared", role)
         if role == "embedding":  # what to do about it, where status and search say it
-            self.errors[role] += (" (`ragctl models use PATH.gguf` starts a GGUF file you "
+            self.errors[role] += ("\n(`ragctl models use PATH.gguf` starts a GGUF file you "
                                   "have, without a restart)")
         return None
 
