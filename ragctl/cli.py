@@ -1094,8 +1094,10 @@ def main(argv=None) -> int:
         return fail(f"lost the connection to ragd: {e}", 1, "connection")
     except Fail as e:  # exit 2: a wrong command line or config, as the daemon's bad_args
         return fail(str(e), e.code, "bad_args" if e.code == 2 else "failed")
-    except P.DaemonError as e:  # its bad_args: a value of the command line it refused
-        return fail(e.message, 2 if e.code == P.BAD_ARGS else 1, e.code, said=True)
+    except P.DaemonError as e:  # exit 2 for a value of the command line it refused, or a
+        # config it cannot read (a reload), as for ragctl's own
+        return fail(e.message, 2 if e.code in (P.BAD_ARGS, P.BAD_CONFIG) else 1, e.code,
+                    said=True)
     except (ConnectionError, TimeoutError, P.ProtocolError) as e:
         return fail(f"lost the connection to ragd: {e}", 1, "connection")
     except P.ConfigUnreadable as e:

@@ -173,7 +173,7 @@ def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_pat
         assert r.returncode == 0 and "not UTF-8" in r.stderr, r.stderr
         assert "the last reload failed" in r.stdout and "not UTF-8" in r.stdout
         r = ragctl("--config", cfg, "reload")
-        assert r.returncode != 0 and "not UTF-8" in r.stderr and "Traceback" not in r.stderr
+        assert r.returncode == 2 and "not UTF-8" in r.stderr and "Traceback" not in r.stderr
         assert d.proc.poll() is None
         cfg.write_text(good)
         r = ragctl("--config", cfg, "reload")
