@@ -226,7 +226,7 @@ class Runtime:
                 new.embedding_model, new.embedding_pooling, new.embedding_query_prefix,
                 new.embedding_doc_prefix)
         except Exception as e:
-            log.warning("the embedding model %r cannot be used (%s): %r stays", 
+            log.warning("the embedding model %r cannot be used (%s): %r stays",
                         new.embedding_model, e, cfg.embedding_model)
             return f"the new embedding model cannot be used ({e}); the one in use stays", str(e)
         for field in MODEL_FIELDS:
