@@ -163,6 +163,15 @@ def test_models_use_and_cancel(make_daemon, tmp_path):
         assert r["vector_space"] == s1 and not r["degraded"]
 
 
+def embedding_failed(d, timeout: float = 30.0) -> dict:
+    """The embedding engine's status once it is marked failed."""
+    deadline = time.monotonic() + timeout
+    while (e := d.call("status")["engines"]["embedding"]).get("state") != "failed":
+        assert time.monotonic() < deadline, e
+        time.sleep(0.1)
+    return e
+
+
 def test_a_model_that_cannot_be_used_is_refused_and_a_failed_one_is_replaced_live(
         make_daemon, tmp_path):
     """The README's remedy for a first start without network (the default model cannot be
@@ -175,10 +184,7 @@ def test_a_model_that_cannot_be_used_is_refused_and_a_failed_one_is_replaced_liv
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
                     extra=engine_config(embedding=missing))
     with d:
-        deadline = time.monotonic() + 30
-        while (e := d.call("status")["engines"]["embedding"]).get("state") != "failed":
-            assert time.monotonic() < deadline, e
-            time.sleep(0.1)
+        e = embedding_failed(d)
         assert "does not exist" in e["reason"] and d.call(
             "search", query="kanban", mode="hybrid")["degraded"] is True
         before = d.config.read_text()
@@ -212,17 +218,11 @@ def test_a_model_that_failed_to_prepare_is_tried_again_by_a_reload(make_daemon, 
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
                     extra=engine_config(embedding=later))
     with d:
-        deadline = time.monotonic() + 30
-        while (e := d.call("status")["engines"]["embedding"]).get("state") != "failed":
-            assert time.monotonic() < deadline, e
-            time.sleep(0.1)
+        e = embedding_failed(d)
         assert "ragctl models use PATH.gguf" in e["reason"]  # what to do about it
         r = ragctl("--config", d.config, "reload")
         assert r.returncode == 0, r.stderr  # tried again: still not there
-        deadline = time.monotonic() + 30
-        while (e := d.call("status")["engines"]["embedding"]).get("state") != "failed":
-            assert time.monotonic() < deadline, e
-            time.sleep(0.1)
+        e = embedding_failed(d)
         later.parent.mkdir()
         later.symlink_to(EMBED_MODEL)
         r = ragctl("--config", d.config, "reload")
