@@ -494,12 +494,18 @@ def do_search(args) -> int:
             name = _bold(title, color)
             print(f"{i:>2}. {name}{' — ' + head if head else ''}  [{r['score']:.3f}]"
                   f"{more}{stale}{unsaved}")
-            shown = [n for n in at if r["line_start"] <= n <= r["line_end"]][:3] or \
-                [r["line_start"] + k for k, ln in enumerate(lines) if ln.strip()][:2]
             print(f"    {_one_line(r['path'])}:{first}")
-            for n in shown:
-                k = n - r["line_start"]
-                text = lines[k].strip() if 0 <= k < len(lines) else ""
+            if r["path"].lower().endswith(".pdf"):  # a page: its lines holding the words
+                held = [ln for ln in lines if terms and _pattern(terms).search(ln)] or \
+                    [ln for ln in lines if ln.strip()]
+                shown = [(f"p.{r['line_start']}", ln) for ln in held[:3]]
+            else:
+                at_lines = [n for n in at if r["line_start"] <= n <= r["line_end"]][:3] or \
+                    [r["line_start"] + k for k, ln in enumerate(lines) if ln.strip()][:2]
+                shown = [(n, lines[n - r["line_start"]] if 0 <= n - r["line_start"] < len(lines)
+                          else "") for n in at_lines]
+            for n, text in shown:
+                text = text.strip()
                 print(f"    {n:>5}: {_mark(_excerpt(_one_line(text), terms), terms, color)}")
             if args.explain:
                 print(f"    why: {_explain(r['scores'], res.get('weights'))}")

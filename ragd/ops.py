@@ -393,7 +393,10 @@ class Ops:
                 results = self._results(db, [(c.chunk_id, c.score, c.parts) for c in ranked], k)
         for r in results:
             r.pop("chunk_id", None)
-            r["match_lines"] = bm25.matching_lines(r["text"], r["line_start"], query)
+            at = bm25.matching_lines(r["text"], r["line_start"], query)
+            if r["path"].lower().endswith(".pdf"):  # its range counts pages; a chunk is in one
+                at = [r["line_start"]] if at else []  # (they were its lines: past its end)
+            r["match_lines"] = at
         info["timings"]["fetch_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if conf is not None:
             info["confidence"] = conf

@@ -50,6 +50,12 @@ def test_document_folder(make_daemon, tmp_path):
         hit = d.call("search", query="stripes calves", k=1)["results"][0]
         assert hit["path"].endswith("paper.pdf")
         assert (hit["line_start"], hit["line_end"]) == (2, 2)  # the page
+        hit = d.call("search", query="rainforest congo", k=1)["results"][0]
+        assert hit["path"].endswith("paper.pdf") and hit["line_start"] == 1
+        assert hit["match_lines"] == [1]  # pages too (it was [2]: page 1 + the text's 2nd line)
+        r = ragctl("--config", d.config, "search", "rainforest congo", "-k", "1")
+        assert "paper.pdf:1\n" in r.stdout and "p.1: rainforest of Congo." in r.stdout, \
+            r.stdout
         assert "Journal of Okapi Studies" not in hit["text"]  # running header dropped
         hit = d.call("search", query="quagga handbook", k=1)["results"][0]
         assert hit["path"].endswith("notes.md") and hit["line_start"] == 7  # found by alias
