@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import BM25_ONLY, Daemon, make_pdf, ragctl, write_config
 
 
@@ -79,3 +81,18 @@ def test_without_pdftotext_pdfs_are_skipped_with_how_to_install(tmp_path):
         assert files["paper.pdf"]["reason"].startswith("PDF skipped: pdftotext is not installed")
         assert files["readme.txt"]["status"] == "indexed"
         assert d.call("search", query="axolotl", k=1)["results"]
+
+
+def test_a_broken_pdf_is_skipped_with_one_line_of_reason(tmp_path):
+    """pdftotext's complaint about a damaged PDF is many lines ("Syntax Error: ..." per
+    object); the reason was its first 200 bytes, newlines and all, cut mid-word."""
+    from ragd.ingest import documents
+    bad = tmp_path / "corrupt.pdf"
+    bad.write_bytes(b"%PDF-1.4\n" + bytes(range(1, 256)) * 12 + b"\n(unclosed <5c5c> hex")
+    with pytest.raises(ValueError) as e:
+        documents.pdf_text(bad)
+    said = str(e.value)
+    assert said.startswith("pdftotext failed: ") and "\n" not in said, said
+    assert len(said) <= len("pdftotext failed: ") + 202
+    assert documents.said("a\nb b\na\n" + "word " * 60).endswith(" …")
+    assert documents.said("Syntax Error: x\nSyntax Error: x\n") == "Syntax Error: x"

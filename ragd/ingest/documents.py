@@ -88,6 +88,17 @@ PDFTOTEXT_TIMEOUT = 120  # seconds
 NEEDS_PDFTOTEXT = "PDF skipped: pdftotext is not installed"
 
 
+def said(stderr: str, limit: int = 200) -> str:
+    """A tool's complaint as one line (a file's reason, an error reply): its distinct lines
+    joined, cut at a word with "…" past `limit` characters (pdftotext repeats "Syntax Error:
+    ..." per object; cut mid-word after 200 bytes, with its newlines, it was several lines)."""
+    lines = list(dict.fromkeys(" ".join(ln.split()) for ln in stderr.splitlines()))
+    text = "; ".join(ln for ln in lines if ln) or "(it said nothing)"
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0].rstrip(";,:") + " …"
+    return text
+
+
 def pdf_text(path: Path) -> list[str]:
     """The text of each page, by pdftotext."""
     exe = shutil.which("pdftotext")
@@ -101,7 +112,7 @@ def pdf_text(path: Path) -> list[str]:
         err.retry = True  # a slow moment of the machine, not the file's fault: try again later
         raise err from None
     if proc.returncode != 0:
-        raise ValueError(f"pdftotext failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
+        raise ValueError(f"pdftotext failed: {said(proc.stderr.decode(errors='replace'))}")
     pages = proc.stdout.decode("utf-8", errors="replace").split("\f")
     if pages and not pages[-1].strip():
         pages.pop()
