@@ -17,6 +17,7 @@ import errno
 import itertools
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -43,11 +44,27 @@ class OpError(Exception):
 
 class Stream:
     """Return this from an op to send several replies: each item of `items` is sent with
-    ``"final": false`` and the stream ends with one ``"final": true`` reply carrying `last()`."""
+    ``"final": false`` and the stream ends with one ``"final": true`` reply carrying `last()`.
+    An item None sends nothing: it asks whether the client is still there (its connection
+    closed: the stream stops, as when a reply cannot be sent), for work that writes nothing
+    for a while — an answer held back until it cites a note."""
 
     def __init__(self, items, last: Callable[[], Any]):
         self.items = items
         self.last = last
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    """Has the client closed its end (EOF waiting to be read)? Never blocks: a request it
+    sent meanwhile is data, not EOF, and stays to be read."""
+    try:
+        if not select.select([conn], [], [], 0)[0]:
+            return False
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (OSError, ValueError):
+        return True
 
 
 class Session:
@@ -384,8 +401,18 @@ class Server:
             if isinstance(result, AfterReply):
                 result, then = result.result, result.then
             if isinstance(result, Stream):
-                for item in result.items:
-                    self._send(conn, {"id": req_id, "result": item, "final": False}, encoding)
+                try:
+                    for item in result.items:
+                        if item is None:
+                            if _peer_closed(conn):
+                                raise ConnectionResetError("the client closed the connection")
+                            continue
+                        self._send(conn, {"id": req_id, "result": item, "final": False},
+                                   encoding)
+                finally:  # (the client gone: its work stops now, not when collected)
+                    close = getattr(result.items, "close", None)
+                    if close is not None:
+                        close()
                 result = result.last()
             self._send(conn, {"id": req_id, "result": result}, encoding)
             if then is not None:

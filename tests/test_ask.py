@@ -195,6 +195,37 @@ def test_generator_killed_mid_answer(make_daemon, tmp_path, generator_model):
         assert res["grounded"] is True and res["citations"][0]["path"].endswith("Tomatoes.md")
 
 
+def cpu_ticks(pid: int) -> int:
+    """A process's CPU time so far, in clock ticks (user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_a_client_gone_mid_answer_stops_the_generation(make_daemon, tmp_path, generator_model):
+    """Ctrl-C on `ragctl ask` while the answer is held back (it has cited nothing yet: with
+    a small model, most answers) left the generator writing all its max_tokens — nothing was
+    sent, so nothing found the client gone — and the next ask waited behind it. Now the
+    stream asks after each held-back token whether the client is there."""
+    d = generator_daemon(make_daemon, tmp_path)
+    with d:
+        d.wait_idle()
+        pid = wait_generator(d)["pid"]
+        with d.client(timeout=300) as c:
+            req = c.send("ask", question=LONG, max_tokens=1000)
+            for reply in c.replies(req):
+                assert not reply.get("final", True), reply
+                if reply["result"] == {"writing": True}:
+                    break  # the model has begun: the client goes (the connection closes)
+        time.sleep(1.0)  # the next token finds it gone
+        before = cpu_ticks(pid)
+        time.sleep(2.0)
+        used = cpu_ticks(pid) - before  # a generating engine: 100+ ticks a second
+        assert used < 40, f"the generator still works: {used} ticks in 2 s"
+        assert d.call("ping")["pid"] == d.proc.pid
+        events, res = ask_stream(d, question=ANSWERED, max_tokens=32)
+        assert res["grounded"] is True, res
+
+
 def test_ask_without_a_generator_is_unavailable(make_daemon, tmp_path):
     root = vault(tmp_path / "notes")
     d = make_daemon(sources=[{"name": "notes", "path": str(root)}])

@@ -204,7 +204,8 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
                     state["first_token"] = time.perf_counter()
                     yield {"writing": True}  # the model has begun (its text may be held back)
                 if shown == 0 and not citations(state["text"], len(notes)):
-                    continue  # held back until the answer cites a source
+                    yield None  # held back until it cites a source: is the client still there?
+                    continue
                 if state["first_shown"] is None:
                     state["first_shown"] = time.perf_counter()
                 yield {"delta": state["text"][shown:]}
