@@ -212,6 +212,32 @@ def test_eval_while_vectors_are_still_coming_says_its_figures_are_not_final(make
             assert "vectors covered only " in note[0] and "% of the chunks" in note[0], note
 
 
+def test_a_source_without_vectors_yet_is_not_judged_far_in_meaning(make_daemon, tmp_path):
+    """A source just added has no vectors: its best similarity was -1, "below the threshold",
+    so a question every word of which its note holds was flagged low-confidence ("no close
+    meaning match") and `ask` refused it. While vectors are coming that is no finding."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    other = tmp_path / "Docs2"
+    other.mkdir()
+    (other / "light.txt").write_text("Notes on the lighthouse keeper schedule.\n\n"
+                                     "The lamp is cleaned every Tuesday.\n")
+    with d:
+        d.wait_idle()
+        with bulk_embedding_stopped(d) as e:  # (texts wait: the new source's join them)
+            assert e["pending_texts"] > 0, e
+            r = ragctl("--config", d.config, "sources", "add", str(other))
+            assert r.returncode == 0, r.stderr
+            d.wait_idle()
+            res = d.call("search", query="How often does the lighthouse keeper clean the lamp?",
+                         sources=["Docs2"])
+            assert res["results"] and res["vector_coverage"] < 1, res
+            assert "below_threshold" not in res and res["low_confidence"] is False, res
+            res = d.call("search", query="xylophone", sources=["Docs2"])
+            assert res["results"] == [] and "embedded so far" in res["reason"], res
+
+
 def test_confidence_flags_what_the_notes_do_not_answer(make_daemon, tmp_path):
     root = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],

@@ -363,7 +363,12 @@ class Searcher:
             del lists["vector"]
             if not keywords:
                 return self._nothing(info)
-            info["below_threshold"] = True
+            # While vectors are still coming, no close match among the chunks embedded so far
+            # is no finding (a source just added has none: best similarity -1): not flagged,
+            # so it does not make the answer low-confidence ("ask" refused a question every
+            # word of which its note holds, a fresh-user trial)
+            if info.get("vector_coverage", 1.0) >= 1.0:
+                info["below_threshold"] = True
         elif mode == "bm25" and not keywords:
             return self._nothing(info)
         return True
@@ -392,7 +397,12 @@ class Searcher:
 
     def _nothing(self, info: dict) -> bool:
         info["nothing_relevant"] = True
-        if "best_similarity" in info:
+        if info.get("vector_coverage", 1.0) < 1.0:
+            info["reason"] = (f"nothing relevant: no note holds a content word of the query, "
+                              f"and none of the chunks embedded so far "
+                              f"({100 * info['vector_coverage']:.0f}% of the index) is close "
+                              f"in meaning")
+        elif "best_similarity" in info:
             info["reason"] = (f"nothing relevant: the best similarity "
                               f"{info['best_similarity']:.3f} is below the threshold "
                               f"{self.threshold():.3f} (search.min_similarity) and no note holds "
