@@ -76,7 +76,7 @@ def test_view_models_for_the_daemons_replies(daemon, node_tests):
 
 def test_reconnect_after_a_restart(daemon, node_tests):
     out = run_node(node_tests, "reconnect.test.mjs", daemon_env(daemon))
-    assert "ℹ pass 1" in out
+    assert "ℹ pass 2" in out
     assert daemon.proc.wait(10) == 0  # the node test stopped this one and ran its own
 
 

@@ -266,8 +266,11 @@ export class RagdClient {
 		this.keep = false;
 		if (this.retryTimer) clearTimeout(this.retryTimer);
 		this.retryTimer = null;
-		this.conn?.close();
+		// let go of it before closing it: its close handler took the plugin's own close for
+		// ragd gone ("retrying in the background", at every settings edit and on disable)
+		const conn = this.conn;
 		this.conn = null;
+		conn?.close();
 		for (const s of this.streams) s.close();
 		this.streams.clear();
 		this.setState("idle");

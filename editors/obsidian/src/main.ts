@@ -20,9 +20,12 @@ export default class RagdPlugin extends Plugin {
 	private events: { close: () => void } | null = null;
 	private relatedTicket = 0;
 	private relatedTimer: number | null = null;
+	private restartTimer: number | null = null;
+	private socketInUse = ""; // the socket setting the connection was made with
 
 	async onload(): Promise<void> {
 		await this.loadSettings();
+		this.socketInUse = this.settings.socketPath;
 		this.client = new RagdClient({ socketPath: () => socketPath(this.settings.socketPath) });
 		this.client.onNotice((msg) => new Notice(`ragd: ${msg}`, 8000));
 		this.client.onState((s) => {
@@ -74,6 +77,7 @@ export default class RagdPlugin extends Plugin {
 	onunload(): void {
 		if (this.statusTimer !== null) window.clearTimeout(this.statusTimer);
 		if (this.relatedTimer !== null) window.clearTimeout(this.relatedTimer);
+		if (this.restartTimer !== null) window.clearTimeout(this.restartTimer);
 		this.events?.close();
 		this.buffers.dispose();
 		this.client.stop(); // ragd drops this connection's buffers with it
@@ -85,7 +89,16 @@ export default class RagdPlugin extends Plugin {
 
 	async saveSettings(): Promise<void> {
 		await this.saveData(this.settings);
-		this.client.restart();
+		// Only a new socket path needs a new connection, once typing has paused: restarting at
+		// every keystroke tried each partial path (and every step of the results slider
+		// reconnected, pushing the buffers again).
+		if (this.settings.socketPath === this.socketInUse) return;
+		if (this.restartTimer !== null) window.clearTimeout(this.restartTimer);
+		this.restartTimer = window.setTimeout(() => {
+			this.restartTimer = null;
+			this.socketInUse = this.settings.socketPath;
+			this.client.restart();
+		}, 1000);
 	}
 
 	defaultSocket(): string {

@@ -5,6 +5,28 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { client, startDaemon, until } from "./helpers";
 
+// (first: the next test stops ragd)
+test("the plugin's own close (a restart, a stop) is no outage: no notice, no retry", async () => {
+	const c = client();
+	const notices: string[] = [];
+	const states: string[] = [];
+	c.onNotice((m) => notices.push(m));
+	c.onState((s) => states.push(s));
+	c.start();
+	try {
+		await until("the connection", () => c.state === "up");
+		c.restart(); // as a changed socket setting does
+		await until("the new connection", () => c.state === "up");
+		await c.request("ping");
+		c.stop(); // as disabling the plugin does
+		assert.equal(c.state, "idle");
+		assert.deepEqual(notices, []);
+		assert.ok(!states.includes("down"), states.join(" "));
+	} finally {
+		c.stop();
+	}
+});
+
 test("reconnects by itself after ragd restarts, with one notice", async () => {
 	const c = client();
 	const notices: string[] = [];
