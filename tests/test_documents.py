@@ -96,3 +96,18 @@ def test_a_broken_pdf_is_skipped_with_one_line_of_reason(tmp_path):
     assert len(said) <= len("pdftotext failed: ") + 202
     assert documents.said("a\nb b\na\n" + "word " * 60).endswith(" …")
     assert documents.said("Syntax Error: x\nSyntax Error: x\n") == "Syntax Error: x"
+
+
+def test_a_pdf_without_text_says_so(make_daemon, tmp_path):
+    """A scanned PDF (pages of images) was 'indexed, 0 chunks' with no reason: silently never
+    found. Its reason now says why."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    make_pdf(root / "scan.pdf", [[], []])
+    d = make_daemon(sources=[{"name": "docs", "path": str(root), "include": ["**/*.pdf"]}],
+                    extra=BM25_ONLY)
+    with d:
+        d.wait_idle()
+        r = ragctl("--config", d.config, "files", "--json")
+        f = json.loads(r.stdout)["files"][0]
+        assert f["chunks"] == 0 and "no text in its 2 page(s)" in f["reason"], f

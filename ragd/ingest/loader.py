@@ -54,6 +54,9 @@ def load(src: Source, rel: str, max_bytes: int) -> Loaded:
         except ValueError as e:
             raise sources.Unreadable(str(e), retry=getattr(e, "retry", False)) from None
         doc = documents.parse_pdf(pages, title)
+        if not any(p.strip() for p in pages):  # said, or it is silently never found
+            doc.warnings.append(f"no text in its {len(pages)} page(s): a scan? ragd reads a "
+                                f"PDF's text, not its images (no OCR)")
         return Loaded(doc, raw.hash, raw.size, raw.mtime_ns)
     content = sources.read(path, max_bytes)
     if suffix in MARKDOWN:
