@@ -133,6 +133,7 @@ def test_ask_answers_from_the_notes_and_cites_the_right_file(make_daemon, tmp_pa
         assert not any("delta" in e for e in events)
         assert res["answer"] == DONT_KNOW and res["grounded"] is False
         assert "cites none" in res["reason"] and res["ungrounded_answer"]
+        assert "cut off at max_tokens, 1," in res["reason"], res["reason"]
         assert res["timings"]["tokens"] == 1 and res["finish_reason"] == "length"
 
         # Through ragctl: streamed text, then the numbered sources as path:line-line.

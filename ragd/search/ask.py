@@ -237,8 +237,10 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
                "finish_reason": state["finish"], "timings": timings}
         if not cited:
             return {**out, "answer": DONT_KNOW, "grounded": False, "citations": [],
-                    "reason": ("the model's answer cites none of the notes" if text else
-                               "the model gave no answer"),
+                    "reason": (("the model's answer cites none of the notes" + (
+                        f" (it was cut off at max_tokens, {max_tokens}, before citing one)"
+                        if state["finish"] == "length" else "")) if text else
+                        "the model gave no answer"),
                     "ungrounded_answer": text}
         return {**out, "answer": text, "grounded": True,
                 "citations": [notes[n - 1].cited() for n in cited]}
