@@ -364,8 +364,9 @@ def do_status(args) -> int:
             print(hint)
         for s in st["sources"]:
             extra = "".join(f", {s[k]} {k}" for k in ("skipped", "failed") if s[k])
-            print(f"  {s['name']:<20} {s['files']:>7} files {s['chunks']:>8} chunks{extra}"
-                  f"  {s['kind']}  {s['path']}")
+            files = f"{s['files']:>7} file{'s' if s['files'] != 1 else ' '}"
+            chunks = f"{s['chunks']:>8} chunk{'s' if s['chunks'] != 1 else ' '}"
+            print(f"  {s['name']:<20} {files} {chunks}{extra}  {s['kind']}  {s['path']}")
             watched = "watched" if s.get("watched") else "not watched"
             print(f"    {watched}, index lag {_ago(s.get('lag_s') or 0.0)}"
                   + (f", last scan {time.strftime('%H:%M:%S', time.localtime(s['last_scan']))}"

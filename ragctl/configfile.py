@@ -87,7 +87,8 @@ def add_source(path: Path, folder: Path, name: str | None = None,
     (the source's name, whether it was added: False when the folder is already a source)."""
     folder = folder.expanduser().resolve()
     if not folder.is_dir():
-        raise ConfigFileError(f"{folder} is not a folder")
+        raise ConfigFileError(f"{folder} is not a folder" if folder.exists() else
+                              f"{folder} does not exist")
     text = path.read_text(encoding="utf-8") if path.exists() else default_text()
     try:
         doc = tomlkit.parse(text)

@@ -110,6 +110,8 @@ def test_sources_added_removed_and_renamed_live(tmp_path):
         before = cfg.read_text()
         r = ragctl("--config", cfg, "sources", "add", str(other), "--name", "notes")
         assert r.returncode == 2 and "already has a source named 'notes'" in r.stderr
+        r = ragctl("--config", cfg, "sources", "add", str(tmp_path / "nowhere"))
+        assert r.returncode == 2 and r.stderr.endswith("nowhere does not exist\n"), r.stderr
         assert cfg.read_text() == before
         # a folder inside a source, or holding one, is refused: its notes would come twice
         r = ragctl("--config", cfg, "sources", "add", str(notes / "How To"))
