@@ -31,13 +31,22 @@ log = logging.getLogger("ragd")
 
 # Config fields a reload applies at once. Sources are handled apart; everything else needs a
 # restart (RESTART), and a reload says so.
-LIVE = ("search_k", "search_candidates", "search_mode", "rrf_k", "fusion", "vector_share",
-        "note_weight",
-        "feedback_chunks", "feedback_weight", "min_similarity", "rerank", "rerank_top",
-        "rerank_budget_ms", "hub_url", "max_buffers_per_client", "gc_grace_hours",
-        "gc_interval_hours", "watch_quiet_ms", "scan_interval", "unwatched_scan_interval",
-        "max_file_bytes", "chunk_tokens", "chunk_overlap", "log_level", "generator_max_tokens",
-        "generator_notes", "generator_temperature")
+# The settings a reload applies at once: field -> its name in the config file (said in the
+# reload's reply, as restart_needed names those it cannot)
+LIVE = {"search_k": "search.k", "search_candidates": "search.candidates",
+        "search_mode": "search.mode", "rrf_k": "search.rrf_k", "fusion": "search.fusion",
+        "vector_share": "search.vector_share", "note_weight": "search.note_weight",
+        "feedback_chunks": "search.feedback_chunks", "feedback_weight": "search.feedback_weight",
+        "min_similarity": "search.min_similarity", "rerank": "search.rerank",
+        "rerank_top": "reranker.top", "rerank_budget_ms": "reranker.budget_ms",
+        "hub_url": "models.hub_url", "max_buffers_per_client": "buffers.max_per_client",
+        "gc_grace_hours": "gc.grace_hours", "gc_interval_hours": "gc.interval_hours",
+        "watch_quiet_ms": "watch.quiet_ms", "scan_interval": "watch.scan_interval",
+        "unwatched_scan_interval": "watch.unwatched_scan_interval",
+        "max_file_bytes": "index.max_file_bytes", "chunk_tokens": "index.chunk_tokens",
+        "chunk_overlap": "index.chunk_overlap", "log_level": "daemon.log_level",
+        "generator_max_tokens": "generator.max_tokens", "generator_notes": "generator.notes",
+        "generator_temperature": "generator.temperature"}
 RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "max_connections": "daemon.max_connections", "llama_server": "engines.llama_server",
            "engine_threads": "engines.threads", "engine_startup_timeout": "engines.startup_timeout",
@@ -263,7 +272,7 @@ class Runtime:
             # (its vectors come from the cache), but said as what it is
             renamed = [[o, n] for o in removed for n in added if old[o].root == now[n].root]
             missing = [n for n in added + moved if not now[n].root.is_dir()]
-            applied = [f for f in LIVE if getattr(cfg, f) != getattr(new, f)]
+            applied = [key for f, key in LIVE.items() if getattr(cfg, f) != getattr(new, f)]
             for field in LIVE:
                 setattr(cfg, field, getattr(new, field))
             model_note = model_error = None

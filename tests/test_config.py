@@ -146,3 +146,13 @@ def test_a_source_named_by_a_user_is_found_whatever_its_case_unless_two_match(tm
     cfg = config.load(f, env={"XDG_DATA_HOME": str(tmp_path)})
     assert cfg.named("notes").name == "notes" and cfg.named("Notes").name == "Notes"
     assert cfg.named("NOTES") is None
+
+
+def test_a_reload_names_settings_as_the_config_file_does():
+    """`applied` and `restart_needed` in a reload's reply name each setting as the user wrote it
+    (`search.k`, not the daemon's field `search_k`): every name is a key of the file."""
+    from ragd import runtime
+    for name in [*runtime.LIVE.values(), *runtime.RESTART.values()]:
+        table, key = name.split(".", 1)
+        assert key in config.SCHEMA.get(table, {}), name
+    assert set(runtime.LIVE).isdisjoint(runtime.RESTART)

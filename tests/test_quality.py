@@ -304,7 +304,7 @@ def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon,
         assert off["mode"] == "hybrid" and "feedback" not in off
         d.config.write_text(d.config.read_text().replace("feedback_chunks = 0",
                                                          "feedback_chunks = 5"))
-        assert d.call("reload")["applied"] == ["feedback_chunks"]
+        assert d.call("reload")["applied"] == ["search.feedback_chunks"]
         on = d.call("search", query=query, k=300, group="chunk")
         assert on["feedback"] == {"chunks": 5, "weight": 0.5}
         assert on["best_similarity"] == off["best_similarity"]  # the query's own
@@ -370,7 +370,7 @@ def test_convex_fusion_is_the_scaled_scores_mixed(make_daemon, tmp_path):
             assert want == sorted(want, reverse=True)
         d.config.write_text(d.config.read_text().replace("candidates = 300",
                                                          "candidates = 300\nfusion = \"rrf\""))
-        assert d.call("reload")["applied"] == ["fusion"]
+        assert d.call("reload")["applied"] == ["search.fusion"]
         res = d.call("search", query="recurring weekly task", k=300, group="chunk")
         assert res["fusion"] == "rrf" and res["weights"] == {"vector": 0.5, "bm25": 1.0}
         for r in res["results"]:
@@ -499,7 +499,7 @@ def test_a_note_scores_its_whole_text_too(make_daemon, tmp_path):
         res, names = search()
         assert names[0] == "dense.md" and "note_bm25" not in res["results"][0]["scores"]
         d.config.write_text(d.config.read_text().replace("note_weight = 0", ""))
-        assert d.call("reload")["applied"] == ["note_weight"]
+        assert d.call("reload")["applied"] == ["search.note_weight"]
         res, names = search()
         assert names[:3] == ["spread.md", "dense.md", "third.md"], res["results"]
         rs = res["results"]

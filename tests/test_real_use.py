@@ -376,7 +376,7 @@ def test_nothing_relevant_only_when_neither_signal_has_anything(make_daemon, tmp
         res = d.call("search", query="sourdough hydration ratios", mode="hybrid")
         assert res["results"] == [] and "threshold 0.300" in res["reason"], res
         d.config.write_text(d.config.read_text() + "[search]\nmin_similarity = 0.0\n")
-        assert d.call("reload")["applied"] == ["min_similarity"]
+        assert d.call("reload")["applied"] == ["search.min_similarity"]
         res = d.call("search", query="sourdough hydration ratios", mode="hybrid")
         assert res["results"], res  # the config's threshold wins
 
