@@ -567,9 +567,9 @@ class Ops:
             try:
                 yield {"event": "subscribed", "time": time.time()}
                 while not self.stopping.is_set():
-                    event = sub.get(timeout=1.0)
-                    if event is not None:
-                        yield event
+                    # a second without events: is the client still there? (one gone kept its
+                    # connection, a slot of daemon.max_connections, until the next event)
+                    yield sub.get(timeout=1.0)
             finally:
                 sub.close()
 

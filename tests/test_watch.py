@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import engine_config, ragctl, small_vault, wait_embedded
-from ragd.protocol import DaemonError
+from ragd.protocol import DaemonError, ProtocolError
 from ragd.ingest import chunker, markdown
 
 
@@ -664,3 +664,38 @@ def test_a_folder_moved_back_and_forth_never_leaves_search(make_daemon, tmp_path
         assert hits and all(str(a) in h["path"] for h in hits)
         st = wait_embedded(d)
         assert st["engines"]["embedding"]["embedded_texts"] == st["engines"]["embedding"]["vectors"]
+
+
+def test_a_watcher_gone_frees_its_connection_without_waiting_for_an_event(make_daemon, tmp_path):
+    """`ragctl watch` stopped with Ctrl-C on a quiet vault kept its connection (a slot of
+    daemon.max_connections, and a thread) until the next event found it gone; a few of them
+    and ragd refused every client. The stream now looks for its client each quiet second."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "a.md").write_text("# a\n\nA note about lemurs.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n')
+    d.config.write_text(d.config.read_text().replace(  # (its [daemon] table)
+        'log_level = "debug"', 'log_level = "debug"\nmax_connections = 2'))
+    with d:
+        d.wait_idle()
+        def soon(fn):  # (a slot is freed once its connection's thread has seen it go)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    return fn()
+                except (DaemonError, ProtocolError) as e:  # refused: "too many connections"
+                    assert time.monotonic() < deadline, e
+                    time.sleep(0.2)
+
+        def watch_then_go():
+            with d.client(timeout=20) as c:
+                assert next(c.replies(c.send("events")))["result"]["event"] == "subscribed"
+
+        def two_clients():
+            with d.client(timeout=5) as c1, d.client(timeout=5) as c2:
+                assert c1.call("ping")["pid"] == c2.call("ping")["pid"] == d.proc.pid
+
+        for _ in range(3):  # more watchers than slots, one after the other
+            soon(watch_then_go)
+            soon(two_clients)  # both slots free again: the watcher's too
