@@ -301,7 +301,7 @@ def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_p
         r = ragctl("search", "--wait", "20", "ornithopter", env=env)
         assert r.returncode == 0 and "a.md" in r.stdout, r.stdout + r.stderr
         r = ragctl("start", "--source", str(home / "nowhere"), env=env)
-        assert r.returncode != 0 and "not a folder" in r.stderr
+        assert r.returncode != 0 and "nowhere does not exist" in r.stderr
         r = ragctl("sources", env=env)
         assert "Notes" in r.stdout and "Docs" in r.stdout
         # its command line names its config (the default one, found): `ps` tells whose it is
