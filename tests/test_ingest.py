@@ -29,6 +29,10 @@ from ragd.ingest import chunker, documents, loader, markdown, sources
     ("notes/?.md", "notes/a.md", True),
     ("notes/?.md", "notes/ab.md", False),
     ("a+b (1).md", "a+b (1).md", True),
+    # a file name may hold a newline: a folder pattern still covers it
+    ("odd/**", "odd/new\nline.md", True),
+    ("**/*.md", "odd/new\nline.md", True),
+    ("**/odd/**", "x/odd/new\nline.md", True),
 ])
 def test_globs(pattern, path, ok):
     assert sources.matches(path, (pattern,)) is ok
@@ -287,7 +291,8 @@ def test_ignore_rules(tmp_path):
     files = ["a.md", "Archive/old.md", "Private notes.md", "build/x.md", "sub/build/y.md",
              "n.draft.md", "keep.draft.md", "root-only.md", "sub/root-only.md",
              "docs/x/y/secret.md", "docs/public.md", "note.md.swp", "note.md~", "x.tmp.md",
-             "n.sync-conflict-20240101.md", "ok.sync.md"]
+             "n.sync-conflict-20240101.md", "ok.sync.md", "build/new\nline.md",
+             "Archive/new\nline.md"]
     for rel in files:
         p = tmp_path / rel
         p.parent.mkdir(parents=True, exist_ok=True)

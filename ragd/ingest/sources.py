@@ -37,7 +37,8 @@ def glob_regex(pattern: str) -> re.Pattern:
         else:
             out.append(re.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    # DOTALL: a file name may hold a newline, and "odd/**" must still match it
+    return re.compile("".join(out) + r"\Z", re.DOTALL)
 
 
 @functools.lru_cache(maxsize=256)
@@ -48,7 +49,7 @@ def _any_of(patterns: tuple[str, ...], ignore_case: bool = False) -> re.Pattern 
     if not patterns:
         return None
     return re.compile("|".join(f"(?:{glob_regex(p).pattern})" for p in patterns),
-                      re.IGNORECASE if ignore_case else 0)
+                      re.DOTALL | (re.IGNORECASE if ignore_case else 0))
 
 
 def matches(relpath: str, patterns, ignore_case: bool = False) -> bool:
@@ -77,7 +78,7 @@ def gitignore_rules(text: str) -> list[tuple[re.Pattern, bool]]:
         body = glob_regex(line.lstrip("/")).pattern[:-2]  # drop the \Z
         prefix = "" if anchored else "(?:.*/)?"
         suffix = "/.*" if dir_only else "(?:/.*)?"
-        rules.append((re.compile(prefix + body + suffix + r"\Z"), neg))
+        rules.append((re.compile(prefix + body + suffix + r"\Z", re.DOTALL), neg))
     return rules
 
 
@@ -94,7 +95,7 @@ def obsidian_rules(filters: list) -> list[tuple[re.Pattern, bool]]:
             except re.error:
                 continue
         else:
-            rules.append((re.compile(re.escape(f) + ".*"), False))
+            rules.append((re.compile(re.escape(f) + ".*", re.DOTALL), False))
     return rules
 
 
