@@ -116,6 +116,13 @@ def test_paths_outside_the_sources_are_refused(docs, tmp_path):
     # A link that stays inside its source is followed, and the reply names the real file.
     alias = d.call("get", path=str(root / "alias.md"))
     assert alias["path"] == str(root / "plain.txt") and alias["lines_total"] == 5
+    # ... but it is not indexed a second time: the note it links to is (under its own name,
+    # where its edits are heard), and the link is skipped saying so
+    reason = skipped[str(root / "alias.md")]["reason"]
+    assert reason == "a link to plain.txt, which is indexed under its own name", reason
+    hits = d.call("search", query="one two three four five", mode="bm25")["results"]
+    paths = [h["path"] for h in hits]
+    assert str(root / "plain.txt") in paths and str(root / "alias.md") not in paths, paths
     # The connection survives every refusal.
     with d.client() as c:
         for _ in range(3):

@@ -252,9 +252,17 @@ def check_inside(source: Source, path: Path) -> None:
     serves a file outside the sources, whatever the path says: search showed what get refused."""
     if path.is_symlink():
         real = Path(os.path.realpath(path))
-        if source.root not in real.parents:
+        root = Path(os.path.realpath(source.root))
+        if root not in real.parents:
             raise Unreadable(f"a link to a file outside the source ({real}): ragd does not "
                              f"follow links out of its sources")
+        # A link to a note the source indexes anyway is that note twice, and its copy went
+        # stale: an edit of the target is heard under the target's path only (found by a
+        # fresh-user walk: the link's old text outranked the note). A link to a file the
+        # source's rules leave out (a dot-folder, an ignored one) is how it gets indexed.
+        target = real.relative_to(root).as_posix()
+        if Rules(source).wanted(target):
+            raise Unreadable(f"a link to {target}, which is indexed under its own name")
 
 
 def read_bytes(path: Path, max_bytes: int) -> Content:
