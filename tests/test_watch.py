@@ -427,7 +427,8 @@ def test_an_edit_in_a_folder_moved_away_removes_nothing(make_daemon, tmp_path):
     for name in ("a", "b"):
         (root / f"{name}.md").write_text(f"# {name}\n\nNote {name} about lemurs.\n")
     d = make_daemon(sources=[{"name": "n", "path": str(root)}],
-                    extra='[embedding]\nmodel = ""\n[watch]\nquiet_ms = 50\n')
+                    extra='[embedding]\nmodel = ""\n[watch]\nquiet_ms = 50\n'
+                          'unwatched_scan_interval = 10\n')
     with d:
         d.wait_idle()
         away = tmp_path / "away"
@@ -442,6 +443,14 @@ def test_an_edit_in_a_folder_moved_away_removes_nothing(make_daemon, tmp_path):
         assert "is missing" in st["sources"][0]["last_error"]
         assert st["sources"][0]["files"] == 2 and st["totals"]["files_removed"] == 0
         assert len(d.call("search", query="lemurs", k=5, mode="bm25")["results"]) == 2
+        # Back before the watcher's next look (every 10 s here): what was done while it was
+        # away is indexed all the same. Its events made the watcher look at once, see the
+        # folder gone, and so scan it when it came back (before, nothing did until the
+        # 10-minute scan).
+        os.rename(away, root)
+        assert find(d, "tapirs", timeout=20)
+        st = d.wait_idle()
+        assert st["sources"][0]["files"] == 1 and st["sources"][0]["last_error"] is None
 
 
 def test_a_source_whose_folder_is_not_there_yet_is_watched_once_it_is(make_daemon, tmp_path):

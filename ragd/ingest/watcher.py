@@ -211,6 +211,7 @@ class Watcher:
         # The checker's schedule, under _check_cv.
         self._check_cv = threading.Condition()
         self._check_at: float | None = time.monotonic()  # compare folders and watches next
+        self._roots_now = False  # an event came from a source whose folder is not there
         self._stop = threading.Event()
         self.flusher = Worker("watch-flusher", self._flush_loop)
         self.checker = Worker("watch-checker", self._check_loop)
@@ -527,6 +528,19 @@ class Watcher:
                     since = self._seen.pop(key, None)
                 self.indexer.request_path(*key, since=since)
             self._after_bursts(moves, ready)
+            self._roots_gone({m[0] for m in moves} | {k[0] for k in ready})
+
+    def _roots_gone(self, names: set) -> None:
+        """Events of a source whose folder is not there: inotify follows a folder moved away
+        and reports what is done in it under the old path. The check loop looks at the
+        sources' folders now, not at its next round: a folder moved away and back between two
+        rounds was never seen gone, so nothing scanned it when it came back, and what was
+        written in it meanwhile was not indexed (found by a fresh-user walk)."""
+        roots = {s.name: s.root for s in self.sources}
+        if any(n in roots and not os.path.isdir(roots[n]) for n in names):
+            with self._check_cv:
+                self._roots_now = True
+                self._check_cv.notify_all()
 
     def _after_bursts(self, moves: list, ready: list) -> None:
         """Count each source's burst of changes; when a big one has settled (nothing of that
@@ -594,6 +608,9 @@ class Watcher:
         while not self._stop.is_set():
             with self._check_cv:
                 now = time.monotonic()
+                if self._roots_now:  # (_roots_gone)
+                    self._roots_now = False
+                    next_unwatched = now
                 due = [next_scan, next_unwatched]  # (a stat of each source's folder)
                 if self._check_at is not None:
                     due.append(self._check_at)
