@@ -486,8 +486,8 @@ def do_search(args) -> int:
             lines = r["text"].split("\n")
             at = r.get("match_lines") or []
             first = at[0] if at else r["line_start"]
-            title = r.get("title") or Path(r["path"]).stem
-            head = r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else ""
+            title = _one_line(r.get("title") or Path(r["path"]).stem)  # (a newline in a name)
+            head = _one_line(r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else "")
             more = f"  (+{r['more']} more in this note)" if r.get("more") else ""
             stale = "" if not r.get("stale") else "  (changed since indexed)" \
                 if os.path.exists(r["path"]) else "  (gone from disk since indexed)"

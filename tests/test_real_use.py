@@ -427,6 +427,15 @@ def test_a_rare_word_on_the_last_line_of_a_chunk_is_shown(make_daemon, tmp_path)
         d.wait_idle()
         r = ragctl("--config", d.config, "search", "quetzalcoatl")
         assert ":19" in r.stdout and "quetzalcoatl" in r.stdout.split(":19", 1)[1], r.stdout
+        # a newline in a note's name (or heading) keeps each result on its lines: escaped
+        (root / "new\nline.md").write_text("# Top\n\n## Sub\n\nAn axolotl lives here.\n")
+        deadline = time.monotonic() + 15
+        while not d.call("search", query="axolotl", mode="bm25")["results"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = ragctl("--config", d.config, "search", "axolotl", "--mode", "bm25")
+        first = r.stdout.splitlines()[0]
+        assert first.startswith(" 1. new\\nline — Top > Sub  ["), r.stdout
 
 
 def test_a_table_split_into_chunks_keeps_its_header_row():
