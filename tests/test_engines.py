@@ -468,3 +468,40 @@ def test_llama_settings_in_the_environment_do_not_reach_the_engine(tmp_path, mon
         assert vec.shape == (384,)
     finally:
         engine.stop()
+
+
+def test_an_engines_log_is_kept_under_its_cap(tmp_path, monkeypatch):
+    """llama.cpp's server logs lines for every request into <role>.log: past the cap, a health
+    check copies it to <role>.log.1 and empties it in place, and the running server's next
+    lines land at its start (it appends); the next start does the same."""
+    from ragd.engines import supervisor
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine, EngineSettings
+
+    monkeypatch.setattr(supervisor, "LOG_CAP_BYTES", 4096)
+    model = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
+    engine = Engine("embedding", model, EngineSettings(health_interval=0.5), tmp_path / "run",
+                    tmp_path / "logs")
+    log, old = engine.log_path, engine.log_path.with_name("embedding.log.1")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"x" * 5000)  # a big log from an earlier run: rotated at the start
+    engine.start()
+    try:
+        assert engine.wait_ready(60), engine.tail_log()
+        assert old.read_bytes() == b"x" * 5000
+        grown = 0
+        for i in range(200):  # a few lines per request, until past the cap
+            engine.client.embed([f"sentence number {i} to embed"])
+            grown = max(grown, log.stat().st_size)
+            if old.read_bytes() != b"x" * 5000:
+                break
+        deadline = time.monotonic() + 10
+        while old.read_bytes() == b"x" * 5000:  # (the next health check)
+            assert time.monotonic() < deadline, (grown, log.stat().st_size)
+            time.sleep(0.1)
+        assert old.stat().st_size > 4096 and b"starting:" in old.read_bytes()
+        engine.client.embed(["one more sentence"])  # the server writes on, from the start
+        text = log.read_bytes()
+        assert 0 < len(text) < 4096 and not text.startswith(b"\0"), text[:80]
+    finally:
+        engine.stop()

@@ -23,6 +23,7 @@ import ctypes
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,10 @@ BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
 HEALTH_TIMEOUT = 10.0
 HUNG_CHECKS = 3
+# An engine's log past this size is copied to <role>.log.1 and emptied, at a start or a health
+# check: llama.cpp's server logs a few lines per request (705 KB for 6,000 texts embedded, and
+# every search adds two), and a daemon left running for months must not fill the disk.
+LOG_CAP_BYTES = 4 << 20
 
 STOPPED, STARTING, READY, RESTARTING, FAILED = "stopped", "starting", "ready", "restarting", "failed"
 
@@ -179,6 +184,22 @@ class Engine:
                 "nice": self.settings.nice, "socket": str(self.socket),
                 "log": str(self.log_path)}
 
+    def _cap_log(self) -> None:
+        """Keep the engine's log under LOG_CAP_BYTES, as logrotate's copytruncate does: the
+        server holds it open for appending, so emptied in place its next line goes at the start
+        (a line written between the copy and the emptying is lost; the previous log stays whole
+        in <role>.log.1)."""
+        try:
+            if self.log_path.stat().st_size <= LOG_CAP_BYTES:
+                return
+            old = self.log_path.with_name(self.log_path.name + ".1")
+            shutil.copyfile(self.log_path, old.with_name(old.name + ".tmp"))
+            os.replace(old.with_name(old.name + ".tmp"), old)  # (whole, for a reader)
+            os.truncate(self.log_path, 0)
+        except OSError as e:  # (a log that cannot be kept small is no reason to stop)
+            log.warning("%s engine: its log %s could not be rotated: %s", self.role,
+                        self.log_path, e)
+
     def tail_log(self, lines: int = 8) -> str:
         try:
             with open(self.log_path, "rb") as f:
@@ -195,6 +216,7 @@ class Engine:
         if self.socket.exists() or self.socket.is_symlink():
             self.socket.unlink()  # a stale socket makes the server fail to bind
         cmd = command(self.role, self.model, self.socket, self.settings)
+        self._cap_log()
         logf = open(self.log_path, "ab")
         logf.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n"
                    .encode())
@@ -299,6 +321,7 @@ class Engine:
             if self.client.health(min(HEALTH_TIMEOUT, 2 * self.settings.health_interval + 1)):
                 misses = 0
                 self._ready.set()
+                self._cap_log()
                 continue
             if proc.poll() is not None or self._stop.is_set():
                 continue
