@@ -261,7 +261,7 @@ def check_inside(source: Source, path: Path) -> None:
         # fresh-user walk: the link's old text outranked the note). A link to a file the
         # source's rules leave out (a dot-folder, an ignored one) is how it gets indexed.
         target = real.relative_to(root).as_posix()
-        if Rules(source).wanted(target):
+        if real.is_file() and Rules(source).wanted(target):  # (not a broken link, nor a loop)
             raise Unreadable(f"a link to {target}, which is indexed under its own name")
 
 
