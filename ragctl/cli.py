@@ -652,7 +652,10 @@ def do_get(args) -> int:
     res = call(args, "get", **kw)
 
     def human(res):
-        sys.stdout.write(res["text"] + ("\n" if res["text"] else ""))
+        # As the file is: a last line without a newline is written without one (a reply from
+        # an older ragd has no final_newline: a newline after any text, as before).
+        sys.stdout.write(res["text"] + ("\n" if res.get("final_newline", bool(res["text"]))
+                                        else ""))
         if res["truncated"]:
             print(f"ragctl: cut at {res['unit']} {res['line_end']} of {res['lines_total']} (the "
                   f"reply size limit); continue with {res['path']}:{res['line_end'] + 1}",

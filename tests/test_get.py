@@ -25,6 +25,7 @@ def docs(make_daemon, tmp_path):
     (root / "plain.txt").write_text("one\ntwo\nthree\nfour\nfive\n")
     (root / "empty.md").write_text("")
     (root / "no final newline.md").write_text("alpha\nbeta")
+    (root / "crlf.md").write_bytes(b"one\r\ntwo\r\n")
     (root / ".hidden").mkdir()
     (root / ".hidden" / "note.md").write_text("hidden\n")
     (root / "drafts").mkdir()
@@ -170,7 +171,16 @@ def test_ragctl_get(docs, tmp_path):
     assert r.stdout == "four\nfive\n"
     r = ragctl("--config", cfg, "get", "--json", str(root / "plain.txt"))
     out = json.loads(r.stdout)
-    assert out["lines_total"] == 5 and out["text"].endswith("five")
+    assert out["lines_total"] == 5 and out["text"].endswith("five") and out["final_newline"]
+    # The whole file comes back byte for byte, with its last newline or without one.
+    for name in ("plain.txt", "no final newline.md", "crlf.md"):
+        raw = subprocess.run([sys.executable, "-m", "ragctl", "--config", cfg, "get",
+                              str(root / name)], capture_output=True, timeout=60)
+        assert raw.stdout == (root / name).read_bytes(), name
+    r = ragctl("--config", cfg, "get", f"{root / 'no final newline.md'}:1")
+    assert r.stdout == "alpha\nbeta"
+    r = ragctl("--config", cfg, "get", f"{root / 'no final newline.md'}:1-1")
+    assert r.stdout == "alpha\n"
     # A relative path is taken from the current folder, as in any shell command.
     r = ragctl_in(root, "--config", cfg, "get", "plain.txt:1-1")
     assert r.stdout == "one\n", r.stderr

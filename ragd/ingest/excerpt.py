@@ -54,8 +54,10 @@ def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
 
 def read_range(source: Source, real: Path, line_start: int | None, line_end: int | None,
                max_file_bytes: int) -> dict:
-    """{path, source, line_start, line_end, lines_total, text, truncated, unit}: lines
-    line_start..line_end (1-based, inclusive; line_end past the end means the end)."""
+    """{path, source, line_start, line_end, lines_total, text, truncated, unit, final_newline}:
+    lines line_start..line_end (1-based, inclusive; line_end past the end means the end);
+    final_newline: the file has a newline after the text sent (so `ragctl get` writes the
+    file back as it is, with or without its last newline)."""
     if line_start is not None and line_start < 1:
         raise Refused(P.BAD_ARGS, f"get: line_start must be >= 1, got {line_start}")
     if line_end is not None and line_end < (line_start or 1):
@@ -67,10 +69,12 @@ def read_range(source: Source, real: Path, line_start: int | None, line_end: int
         if unit == "page":
             sources.read_bytes(real, max_file_bytes)  # the same size limit as indexing
             parts, sep = documents.pdf_text(real), "\f"
+            ends_newline = True
         else:
             text = sources.read(real, max_file_bytes).text
             parts, sep = text.split("\n"), "\n"
-            if parts[-1] == "":  # the file's final newline ends a line; it starts none
+            ends_newline = parts[-1] == ""
+            if ends_newline:  # the file's final newline ends a line; it starts none
                 parts.pop()
     except sources.Unreadable as e:
         raise Refused(P.BAD_ARGS, f"get: cannot read {shown}: {e}") from None
@@ -100,4 +104,5 @@ def read_range(source: Source, real: Path, line_start: int | None, line_end: int
         out.append(piece)
         size += cost
     return {"path": shown, "source": source.name, "line_start": start, "line_end": end,
-            "lines_total": total, "text": sep.join(out), "truncated": truncated, "unit": unit}
+            "lines_total": total, "text": sep.join(out), "truncated": truncated, "unit": unit,
+            "final_newline": bool(out) and (end < total or ends_newline)}
