@@ -8,6 +8,7 @@ import math
 import os
 import sqlite3
 import time
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,41 @@ def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
         assert r.returncode == 0 and "day.md" in r.stdout and "alpha.md" not in r.stdout
         r = ragctl("--config", d.config, "search", "meeting", "--since", "June first")
         assert r.returncode == 2 and "must be a date" in r.stderr
+
+
+def test_a_name_in_either_unicode_form_is_found_typed_in_the_other(make_daemon, tmp_path):
+    """macOS and its sync tools write "café" decomposed (NFD: e + a combining accent); a user
+    types it composed (NFC). The file system compares bytes, so neither --path nor get found
+    such a file. Both now take either form for the other."""
+    t0 = time.mktime(time.strptime("2026-06-01", "%Y-%m-%d"))
+    v = tmp_path / "v"
+    nfd = unicodedata.normalize("NFD", "Café/crème.md")
+    nfc_named = unicodedata.normalize("NFC", "Résumé.md")
+    _note(v, nfd, ["a"], t0, "The meeting about budgets.")
+    _note(v, nfc_named, ["a"], t0, "The meeting about hiring.")
+    _note(v, "plain.md", ["a"], t0, "The meeting about gardens.")
+    d = make_daemon(sources=[{"name": "v", "path": str(v)}])
+    with d:
+        d.wait_idle()
+
+        def names(**kw):
+            res = d.call("search", query="meeting", mode="bm25", **kw)
+            return sorted(unicodedata.normalize("NFC", Path(r["path"]).name)
+                          for r in res["results"])
+
+        for form in ("NFC", "NFD"):
+            def typed(text):
+                return unicodedata.normalize(form, text)
+            assert names(path=typed("Café")) == names(path=typed("café/*")) == ["crème.md"]
+            assert names(path=typed("Café/crème.md")) == ["crème.md"]
+            assert names(path=typed(f"{v}/Café")) == ["crème.md"]  # absolute, too
+            assert names(path=typed("résumé.md")) == ["Résumé.md"]
+            got = d.call("get", path=typed(str(v / "Café" / "crème.md")))
+            assert "budgets" in got["text"] and got["path"] == str(v / nfd)
+            got = d.call("get", path=typed(str(v / "Résumé.md")))
+            assert "hiring" in got["text"] and got["path"] == str(v / nfc_named)
+        with pytest.raises(P.DaemonError, match="no file"):  # still none for what is not there
+            d.call("get", path=str(v / "Café" / "crèmes.md"))
 
 
 def test_an_absolute_path_filter_is_taken_relative_to_its_source(make_daemon, tmp_path):

@@ -10,6 +10,7 @@ Lines are counted the way the chunker counts them (``text.split("\\n")``), so a 
 from __future__ import annotations
 
 import os
+import unicodedata
 from pathlib import Path
 
 from ragd import protocol as P
@@ -30,12 +31,25 @@ class Refused(Exception):
         self.message = message
 
 
+def _as_on_disk(path: str) -> str:
+    """`path`, or its other Unicode form when only that one exists: a name typed composed
+    (NFC, "café") finds the file a Mac or its sync tool wrote decomposed (NFD), and the
+    other way round. The file system compares bytes, so without this neither is found."""
+    if os.path.lexists(path):
+        return path
+    for form in ("NFC", "NFD"):
+        other = unicodedata.normalize(form, path)
+        if other != path and os.path.lexists(other):
+            return other
+    return path
+
+
 def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
     """The source holding `path` and the file's real path; refuses paths outside every source
     (checked before anything about the file itself is looked at, so nothing leaks about files
     elsewhere) and files the source does not index. `path` is absolute and holds no NUL: the
     op checked it (ops._absolute, the one check of every op that takes a path)."""
-    real = Path(os.path.realpath(os.path.expanduser(path)))
+    real = Path(os.path.realpath(os.path.expanduser(_as_on_disk(path))))
     holders = [s for s in all_sources if real == s.root or s.root in real.parents]
     if not holders:
         raise Refused(P.FORBIDDEN, f"get: {path} is not inside a configured source (sources: "

@@ -10,7 +10,8 @@ chunks gets a full list of candidates, not the few that survive a filter after r
   is that file or that folder (``Projects`` is ``Projects`` and ``Projects/*``). It ignores
   the case of ASCII letters, as SQLite's lower() does: ``*.pdf`` finds REPORT.PDF, which a
   document folder indexes (its include globs ignore case), and ``projects`` the Projects
-  folder;
+  folder; and the form of accented letters (``café`` typed composed finds a file named
+  decomposed, as macOS writes it, and the other way round);
 - tag: an Obsidian tag (``#`` optional); a nested tag ``a/b`` matches the filter ``a``;
 - since / before: the file's modification time (Unix seconds), since inclusive.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import sqlite3
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,9 +94,14 @@ def path_globs(path: str) -> list[str]:
     'Getting Started/*' did)."""
     path = path.translate(_LOWER)  # (matched against the lower-cased path)
     if any(c in path for c in "*?["):
-        return [path]
-    path = path.strip("/")
-    return [path, path + "/*"]
+        globs = [path]
+    else:
+        path = path.strip("/")
+        globs = [path, path + "/*"]
+    # A name is stored as the file system gives it: composed (NFC, as typed) or decomposed
+    # (NFD, as macOS and its sync tools write "café"). Either form of the filter finds either.
+    return list(dict.fromkeys(unicodedata.normalize(form, g) for form in ("NFC", "NFD")
+                              for g in globs))
 
 
 def _like_prefix(text: str) -> str:
