@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -468,6 +469,27 @@ def test_llama_settings_in_the_environment_do_not_reach_the_engine(tmp_path, mon
         assert vec.shape == (384,)
     finally:
         engine.stop()
+
+
+def test_a_first_start_without_a_log_warns_of_nothing(tmp_path, caplog):
+    """The cap is checked before the log is first opened: a first start has none yet, and
+    that is no reason to warn (every new daemon logged 'could not be rotated' twice)."""
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine, EngineSettings
+
+    model = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
+    engine = Engine("embedding", model, EngineSettings(health_interval=0.5), tmp_path / "run",
+                    tmp_path / "logs")
+    assert not engine.log_path.exists()
+    with caplog.at_level(logging.INFO, logger="ragd"):
+        engine.start()
+        try:
+            assert engine.wait_ready(60), engine.tail_log()
+            time.sleep(1.2)  # (two health checks, each of which checks the cap)
+        finally:
+            engine.stop()
+    assert engine.log_path.exists()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_an_engines_log_is_kept_under_its_cap(tmp_path, monkeypatch):

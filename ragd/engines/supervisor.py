@@ -193,9 +193,12 @@ class Engine:
             if self.log_path.stat().st_size <= LOG_CAP_BYTES:
                 return
             old = self.log_path.with_name(self.log_path.name + ".1")
-            shutil.copyfile(self.log_path, old.with_name(old.name + ".tmp"))
-            os.replace(old.with_name(old.name + ".tmp"), old)  # (whole, for a reader)
+            tmp = old.with_name(old.name + ".tmp")
+            shutil.copyfile(self.log_path, tmp)
+            os.replace(tmp, old)  # (whole, for a reader)
             os.truncate(self.log_path, 0)
+        except FileNotFoundError:  # no log yet (a first start): nothing to keep small
+            return
         except OSError as e:  # (a log that cannot be kept small is no reason to stop)
             log.warning("%s engine: its log %s could not be rotated: %s", self.role,
                         self.log_path, e)
