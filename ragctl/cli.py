@@ -114,7 +114,9 @@ def do_start(args) -> int:
             if proc.poll() is not None:
                 err.seek(0)
                 msg = err.read().decode(errors="replace").strip()
-                raise Fail(msg or f"ragd exited with status {proc.returncode} before answering")
+                # ragd's own exit 2 is a config it refused (a value out of range): ragctl's 2
+                raise Fail(msg or f"ragd exited with status {proc.returncode} before answering",
+                           2 if proc.returncode == 2 else 1)
             info = _ping(path)
             if info is not None:
                 print(f"ragd started (pid {info['pid']}, socket {path})")

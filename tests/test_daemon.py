@@ -124,11 +124,17 @@ def test_ragctl_start_stop_and_environment_lookup(make_daemon, tmp_path):
 
 
 def test_ragctl_start_reports_a_config_error(tmp_path):
+    """Exit 2, as the README says of a config that cannot be used: a key ragd does not know
+    and a value it refuses (that one was exit 1: only ragd's own check saw it)."""
     cfg = tmp_path / "bad.toml"
     cfg.write_text('[daemon]\ndata_dir = "%s"\nsokcet = "x"\n' % (tmp_path / "d"))
     r = ragctl("--config", cfg, "start")
-    assert r.returncode != 0
+    assert r.returncode == 2
     assert "sokcet" in r.stderr and str(cfg) in r.stderr
+    cfg.write_text('[daemon]\ndata_dir = "%s"\nsocket = "%s"\n[search]\nk = 0\n'
+                   % (tmp_path / "d", tmp_path / "s.sock"))
+    r = ragctl("--config", cfg, "start")
+    assert r.returncode == 2 and "search.k" in r.stderr, r.stderr
 
 
 def test_ragctl_errors_name_a_missing_config_and_are_json_with_json(make_daemon, tmp_path):
