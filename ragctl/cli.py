@@ -1096,6 +1096,14 @@ def main(argv=None) -> int:
             print(f"ragctl: {message}" + (f" ({code})" if said else ""), file=sys.stderr)
         return rc
 
+    for arg in argv:  # a byte that is not UTF-8 (a Latin-1 file name): said, not a traceback
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            return fail(f"argument '{shown}' is not valid UTF-8 (ragd takes names and text "
+                        f"as UTF-8)", 2, "bad_args")
+
     try:
         return args.func(args)
     except BrokenPipeError as e:
