@@ -764,8 +764,10 @@ def do_files(args) -> int:
 
 def _one_line(text: str) -> str:
     """A name or reason on one terminal line: control characters (a newline in a file name)
-    shown escaped."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    and invisible format ones shown escaped. Spaces of every kind stay as they are (a no-break
+    space or an ideographic one is ordinary text, and a printed path must open the file)."""
+    return "".join(ch if ch.isprintable() or unicodedata.category(ch) == "Zs"
+                   else repr(ch)[1:-1] for ch in text)
 
 
 def do_watch(args) -> int:

@@ -436,6 +436,19 @@ def test_a_rare_word_on_the_last_line_of_a_chunk_is_shown(make_daemon, tmp_path)
         r = ragctl("--config", d.config, "search", "axolotl", "--mode", "bm25")
         first = r.stdout.splitlines()[0]
         assert first.startswith(" 1. new\\nline — Top > Sub  ["), r.stdout
+        # spaces of any kind are text: a no-break space in a name is printed as itself, so
+        # the printed path opens the file (it was shown as \xa0)
+        odd = root / "caf\u00a0note.md"
+        odd.write_text("Le prix\u00a0: ocelot\u3000fin\n")
+        deadline = time.monotonic() + 15
+        while not d.call("search", query="ocelot", mode="bm25")["results"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = ragctl("--config", d.config, "search", "ocelot", "--mode", "bm25")
+        assert f"{odd}:1" in r.stdout and "Le prix\u00a0: ocelot\u3000fin" in r.stdout, r.stdout
+        assert "\\x" not in r.stdout and "\\u" not in r.stdout
+        r = ragctl("--config", d.config, "files")
+        assert "caf\u00a0note.md" in r.stdout, r.stdout
 
 
 def test_a_table_split_into_chunks_keeps_its_header_row():
