@@ -479,8 +479,15 @@ def do_search(args) -> int:
         if res.get("low_confidence") and res["results"] and not below:
             notes.append(f"low confidence ({res.get('confidence')}): the notes may not answer "
                          f"this; few of its distinctive words are in them")
-        for note in notes:  # on stderr: `ragctl search … | head -3` gives three results
+        for note in notes:  # on stderr: stdout holds the results alone
             print(f"({note})", file=sys.stderr)
+        if args.paths:  # a line per result: `| head -3` is three, `| xargs`, an editor's list
+            for r in res["results"]:
+                at = r.get("match_lines") or []
+                print(f"{_one_line(r['path'])}:{at[0] if at else r['line_start']}")
+            if not res["results"]:
+                print(f"no results ({res.get('reason') or 'nothing matched'})", file=sys.stderr)
+            return
         if not res["results"]:
             print(f"no results ({res.get('reason') or 'nothing matched'})")
         terms = _terms(query)
@@ -1010,6 +1017,8 @@ def parser() -> argparse.ArgumentParser:
                         "matching part")
     p.add_argument("--explain", action="store_true",
                    help="say why each result ranked: each signal's rank and score")
+    p.add_argument("-l", "--paths", action="store_true",
+                   help="print only each result's path:line, one per line (for scripts)")
     p.set_defaults(func=do_search)
     p = sub.add_parser("ask", parents=[common],
                        help="a grounded answer from your notes, citing them (needs [generator])")

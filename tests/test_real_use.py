@@ -409,6 +409,13 @@ def test_ragctl_small_things(make_daemon, tmp_path):
         r = ragctl("--config", cfg, "search", "recurrence rule", "-k", "3")
         line = top["match_lines"][0]
         assert f"{top['path']}:{line}" in r.stdout and f"{line:>5}: " in r.stdout
+        # -l: a line per result, so `| head -3` is the three best notes
+        p = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m ragctl "
+                            f"--config {cfg} search -l recurrence rule | head -3"],
+                           capture_output=True, text=True)
+        got = p.stdout.splitlines()
+        assert p.returncode == 0 and len(got) == 3 and got[0] == f"{top['path']}:{line}", got
+        assert all(os.path.isfile(g.rsplit(":", 1)[0]) for g in got)
     r = ragctl("--config", cfg, "--json", "stop")
     assert r.returncode == 1 and json.loads(r.stdout)["running"] is False
     bad = tmp_path / "bad.toml"
