@@ -661,14 +661,21 @@ def do_get(args) -> int:
     res = call(args, "get", **kw)
 
     def human(res):
-        # As the file is: a last line without a newline is written without one (a reply from
-        # an older ragd has no final_newline: a newline after any text, as before).
-        sys.stdout.write(res["text"] + ("\n" if res.get("final_newline", bool(res["text"]))
-                                        else ""))
-        if res["truncated"]:
-            print(f"ragctl: cut at {res['unit']} {res['line_end']} of {res['lines_total']} (the "
-                  f"reply size limit); continue with {res['path']}:{res['line_end'] + 1}",
-                  file=sys.stderr)
+        # The whole range, in as many replies as its size needs (each holds at most 256 KiB).
+        while True:
+            # As the file is: a last line without a newline is written without one (a reply
+            # from an older ragd has no final_newline: a newline after any text, as before).
+            sys.stdout.write(res["text"] + ("\n" if res.get("final_newline", bool(res["text"]))
+                                            else ""))
+            if not res["truncated"] or (end is not None and res["line_end"] >= end):
+                return
+            if res.get("line_cut"):
+                print(f"ragctl: {res['unit']} {res['line_end']} is longer than a reply holds: "
+                      f"cut", file=sys.stderr)
+            more = {"path": kw["path"], "line_start": res["line_end"] + 1}
+            if end is not None:
+                more["line_end"] = end
+            res = call(args, "get", **more)
 
     emit(args, res, human)
     return 0

@@ -187,11 +187,18 @@ def test_ragctl_get(docs, tmp_path):
     r = ragctl("--config", cfg, "get", str(tmp_path / "secret.md"))
     assert r.returncode == 1 and "not inside a configured source" in r.stderr
     assert "swordfish" not in r.stdout + r.stderr
+    # Past what a reply holds, ragctl asks for the rest itself: the whole file, or range
     big = root / "big.txt"
-    big.write_text("z" * 1000 + "\n" + "w" * MAX_TEXT_BYTES + "\n")
+    whole = "".join(f"line {i} " + "z" * 200 + "\n" for i in range(1, 3001))  # ~620 KB
+    big.write_text(whole)
     r = ragctl("--config", cfg, "get", str(big))
-    assert r.returncode == 0 and r.stdout == "z" * 1000 + "\n"
-    assert f"continue with {big}:2" in r.stderr
+    assert (r.returncode, r.stderr) == (0, "") and r.stdout == whole
+    r = ragctl("--config", cfg, "get", f"{big}:2-2999")
+    assert r.stdout == "".join(whole.splitlines(keepends=True)[1:2999])
+    big.write_text("z" * 1000 + "\n" + "w" * (MAX_TEXT_BYTES + 10) + "\nlast")
+    r = ragctl("--config", cfg, "get", str(big))  # a line longer than a reply: its start
+    assert r.returncode == 0 and r.stdout == "z" * 1000 + "\n" + "w" * MAX_TEXT_BYTES + "\nlast"
+    assert r.stderr == "ragctl: line 2 is longer than a reply holds: cut\n"
 
 
 def ragctl_in(cwd, *args) -> subprocess.CompletedProcess:

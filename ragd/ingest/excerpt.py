@@ -103,7 +103,7 @@ def read_range(source: Source, real: Path, line_start: int | None, line_end: int
                       f"({total} {unit}s)")
     end = min(line_end if line_end is not None else total, total)
     out: list[str] = []
-    size, truncated = 0, False
+    size, truncated, line_cut = 0, False, False
     for i in range(start, end + 1):
         piece = parts[i - 1]
         cost = len(piece.encode("utf-8")) + (len(sep) if out else 0)
@@ -111,7 +111,7 @@ def read_range(source: Source, real: Path, line_start: int | None, line_end: int
             truncated = True
             if not out:  # one line over the bound: send its start rather than nothing
                 out.append(piece.encode("utf-8")[:MAX_TEXT_BYTES].decode("utf-8", "ignore"))
-                end = i
+                end, line_cut = i, True
             else:
                 end = i - 1
             break
@@ -119,4 +119,4 @@ def read_range(source: Source, real: Path, line_start: int | None, line_end: int
         size += cost
     return {"path": shown, "source": source.name, "line_start": start, "line_end": end,
             "lines_total": total, "text": sep.join(out), "truncated": truncated, "unit": unit,
-            "final_newline": bool(out) and (end < total or ends_newline)}
+            "final_newline": bool(out) and (end < total or ends_newline), "line_cut": line_cut}
