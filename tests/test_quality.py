@@ -81,6 +81,12 @@ def test_filters_by_tag_date_and_path(make_daemon, tmp_path):
         assert names(path="Projects") == names(path="Projects/") == ["alpha.md", "beta.md"]
         assert names(path="Journal/day.md") == ["day.md"]  # a file by its path
         assert names(path="Proj") == []  # a folder, not a prefix
+        # a word only a note left out holds: nothing relevant, and the reason names the filters
+        res = d.call("search", query="budgets", mode="bm25", since="2026-06-05")
+        assert res["results"] == [] and res["reason"] == (
+            "nothing relevant: no note the filters let through holds a content word of the query")
+        res = d.call("search", query="zeppelins", mode="bm25")
+        assert res["reason"] == "nothing relevant: no note holds a content word of the query"
         for mode in ("bm25", "hybrid"):  # not "nothing relevant": nothing was let through
             res = d.call("search", query="meeting", mode=mode, tag="nosuchtag")
             assert res["results"] == [] and res["filtered_out"] is True

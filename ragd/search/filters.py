@@ -43,6 +43,12 @@ class Filters:
         return bool(self.exclude_files) or any(
             v is not None for v in (self.sources, self.path, self.tag, self.since, self.before))
 
+    @property
+    def narrowed(self) -> bool:
+        """Did the user narrow the search (not only an editor's buffer standing in)?"""
+        return any(v is not None for v in (self.sources, self.path, self.tag, self.since,
+                                           self.before))
+
     def admits_buffer(self, source: str, rel: str) -> bool:
         """Does an unsaved buffer (of this source and path) pass? Tags and dates are of the
         file as indexed: a buffer passes them only when they are not asked for."""

@@ -354,7 +354,7 @@ class Searcher:
                 # a chunk holding every word of the query is a literal match, relevant
                 # whatever the cosine (rare names and identifiers embed poorly)
                 if not bm25.all_terms_match(db, query, filters):
-                    return self._nothing(info)
+                    return self._nothing(info, filters.narrowed)
                 info["below_threshold"] = True
             return True
         keywords = bool(lists.get("bm25")) and (signed or bm25.content_match(db, query, filters)
@@ -362,7 +362,7 @@ class Searcher:
         if weak_vectors:
             del lists["vector"]
             if not keywords:
-                return self._nothing(info)
+                return self._nothing(info, filters.narrowed)
             # While vectors are still coming, no close match among the chunks embedded so far
             # is no finding (a source just added has none: best similarity -1): not flagged,
             # so it does not make the answer low-confidence ("ask" refused a question every
@@ -370,7 +370,7 @@ class Searcher:
             if info.get("vector_coverage", 1.0) >= 1.0:
                 info["below_threshold"] = True
         elif mode == "bm25" and not keywords:
-            return self._nothing(info)
+            return self._nothing(info, filters.narrowed)
         return True
 
     def _cut_weak_tail(self, ranked: dict[int, float], parts: dict[int, dict],
@@ -395,20 +395,23 @@ class Searcher:
         if weak:
             info["cut_below_threshold"] = len(weak)
 
-    def _nothing(self, info: dict) -> bool:
+    def _nothing(self, info: dict, filtered: bool = False) -> bool:
+        """`filtered`: the search was narrowed by filters, and the reason says so (a walk
+        read "no note holds a content word" of a word that a note left out by --since held)."""
         info["nothing_relevant"] = True
+        none = "no note the filters let through" if filtered else "no note"
         if info.get("vector_coverage", 1.0) < 1.0:
-            info["reason"] = (f"nothing relevant: no note holds a content word of the query, "
+            info["reason"] = (f"nothing relevant: {none} holds a content word of the query, "
                               f"and none of the chunks embedded so far "
                               f"({100 * info['vector_coverage']:.0f}% of the index) is close "
                               f"in meaning")
         elif "best_similarity" in info:
             info["reason"] = (f"nothing relevant: the best similarity "
                               f"{info['best_similarity']:.3f} is below the threshold "
-                              f"{self.threshold():.3f} (search.min_similarity) and no note holds "
-                              f"a content word of the query")
+                              f"{self.threshold():.3f} (search.min_similarity) and {none} "
+                              f"holds a content word of the query")
         else:
-            info["reason"] = "nothing relevant: no note holds a content word of the query"
+            info["reason"] = f"nothing relevant: {none} holds a content word of the query"
         return False
 
     def _embed_query(self, query: str, info: dict):
