@@ -312,18 +312,19 @@ def test_bad_files_are_skipped_with_reasons_and_the_daemon_lives(make_daemon, tm
     (root / "latin1.txt").write_bytes("caf\xe9 okapi menu".encode("latin-1"))
     (root / "big.txt").write_text("okapi " * 3000)
     (root / "dangling.md").symlink_to(root / "missing-target.md")
+    (root / "dangling-out.md").symlink_to(tmp_path / "nowhere" / "x.md")  # (was "outside")
     d = make_daemon(sources=[{"name": "docs", "path": str(root), "kind": "folder"}],
                     extra=BM25_ONLY + "[index]\nmax_file_bytes = 10000")
     with d:
         st = d.wait_idle()
         s = st["sources"][0]
-        assert (s["files"], s["skipped"], s["failed"]) == (2, 3, 0)
+        assert (s["files"], s["skipped"], s["failed"]) == (2, 4, 0)
         import sqlite3
         db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
         reasons = dict(db.execute("SELECT relpath, reason FROM files"))
         assert reasons["binary.md"] == "binary file (contains NUL bytes)"
         assert reasons["big.txt"].startswith("too large")
-        assert reasons["dangling.md"] == "broken symlink"
+        assert reasons["dangling.md"] == reasons["dangling-out.md"] == "broken symlink"
         assert reasons["latin1.txt"].startswith("invalid UTF-8")
         assert reasons["good.md"] is None
         hits = d.call("search", query="okapi", k=10)["results"]

@@ -253,6 +253,8 @@ def check_inside(source: Source, path: Path) -> None:
     if path.is_symlink():
         real = Path(os.path.realpath(path))
         root = Path(os.path.realpath(source.root))
+        if not real.exists():  # a broken link or a loop, wherever it points: read_bytes says
+            return             # which (a dangling one was called "a link outside the source")
         if root not in real.parents:
             raise Unreadable(f"a link to a file outside the source ({real}): ragd does not "
                              f"follow links out of its sources")
