@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from conftest import engine_config, small_vault, wait_embedded
+from conftest import bulk_embedding_stopped, engine_config, small_vault, wait_embedded
 from ragd.index.ann import AnnIndex
 from ragd.index.vectors import VectorIndex
 
@@ -197,3 +197,34 @@ def test_a_text_queued_again_while_it_is_embedded_is_counted_once():
     space.stored(["c"])
     space.done(["c"])
     assert space.idle()
+
+
+def test_an_edit_made_while_a_backlog_is_embedded_gets_its_vector_first(tmp_path, make_daemon):
+    """A note written while the vault's texts are still being embedded was queued behind all
+    of them: a fresh-user walk saw it unfound by meaning for 12 minutes. Its texts now go to
+    the front of the queue, so it has its vectors after the batch in the engine's hands, with
+    most of the backlog still waiting. (The engine is held still while the note is written,
+    so the check does not depend on the machine's speed.)"""
+    d = make_daemon(extra=engine_config())  # the Tasks docs: ~1,500 texts to embed
+    root = tmp_path / "vaults" / "obsidian-tasks-docs"
+    note = root / "garden.md"
+    with d:
+        d.wait_idle(60)  # (the chunks; their vectors come after)
+        with bulk_embedding_stopped(d) as e:
+            backlog = e["pending_texts"]
+            assert backlog > 1000, e
+            note.write_text("# Gardening\n\nTomatoes need six hours of sunshine every day.\n")
+            deadline = time.monotonic() + 30
+            while not any(r["path"] == str(note) for r in
+                          d.call("search", query="tomatoes", mode="bm25")["results"]):
+                assert time.monotonic() < deadline, "the note was never indexed"
+                time.sleep(0.1)
+        deadline = time.monotonic() + 120
+        while (d.call("related", path=str(note), k=1).get("reason")
+               == "no vectors for this note yet"):
+            assert time.monotonic() < deadline, d.call("status")["engines"]["embedding"]
+            time.sleep(0.1)
+        left = d.call("status")["engines"]["embedding"]["pending_texts"]
+        assert left > backlog / 2, (left, backlog)  # found before the backlog, not after it
+        hits = d.call("search", query="how much sun do tomato plants need", mode="vector")
+        assert hits["results"][0]["path"] == str(note)

@@ -106,8 +106,9 @@ class Stats:
 
 class Indexer:
     def __init__(self, cfg: Config, db_path: Path, listener=None, events=None):
-        # listener: has .sync (a lock) and .chunks_changed(db, removed, added, gone), called after
-        # each commit with the lock held (the embedder, mirroring chunks into the vectors).
+        # listener: has .sync (a lock) and .chunks_changed(db, removed, added, gone, live),
+        # called after each commit with the lock held (the embedder, mirroring chunks into the
+        # vectors).
         self.listener = listener
         self.events = events  # an EventBus, or None
         # told after each commit, with nothing held (the tantivy index's sync wakes on it)
@@ -586,7 +587,7 @@ class Indexer:
             if not batch:
                 return
             try:
-                self._write(batch)
+                self._write(batch, live)
             except Exception as e:
                 self._requeue(batch)
                 if store.transient(e):
@@ -637,8 +638,8 @@ class Indexer:
             self._paths = paths
             self._cv.notify_all()
 
-    def _write(self, batch: list[Item]) -> None:
-        changes = store.Changes() if self._tracking else None
+    def _write(self, batch: list[Item], live: bool = False) -> None:
+        changes = store.Changes(live) if self._tracking else None
         store.begin(self._db, self._stop)
         try:
             for item in batch:
@@ -732,7 +733,7 @@ class Indexer:
                 if changes.removed or changes.added:
                     try:
                         self.listener.chunks_changed(self._db, changes.removed, changes.added,
-                                                     changes.gone)
+                                                     changes.gone, changes.live)
                     except Exception:  # committed; the vectors catch up at the next start
                         log.exception("updating the vectors after a commit failed")
         self._publish()

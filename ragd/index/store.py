@@ -520,8 +520,9 @@ class Changes:
     gone: set[str]
     _added: dict[int, tuple[int, str, int]]
 
-    def __init__(self):
+    def __init__(self, live: bool = False):
         self.removed, self.gone, self._added = [], set(), {}
+        self.live = live  # a few files' edits, heard live (their new texts embed first)
 
     @property
     def added(self) -> list[tuple[int, str, int]]:

@@ -114,10 +114,16 @@ class Space:
                 self.cv.wait(left)
         return True
 
-    def queue(self, hashes) -> None:
+    def queue(self, hashes, first: bool = False) -> None:
+        """Texts to embed, at the back of the queue; `first`: at its front (an edit's, while a
+        backlog is embedded: it waits for the batch in the engine's hands, not the backlog)."""
         with self.cv:
+            hashes = list(hashes)
             for h in hashes:
                 self.todo[h] = None
+            if first:
+                for h in reversed(hashes):
+                    self.todo.move_to_end(h, last=False)
             self.cv.notify_all()
 
     def take(self, n: int, stop: threading.Event) -> list[str]:
@@ -218,11 +224,15 @@ class VectorStore:
         return [s for s in (self.active, self.building) if s is not None]
 
     def chunks_changed(self, db: sqlite3.Connection, removed: list[int],
-                       added: list[tuple[int, str, int]], gone: set[str] = frozenset()) -> None:
+                       added: list[tuple[int, str, int]], gone: set[str] = frozenset(),
+                       live: bool = False) -> None:
         """Called after each commit of the indexer, with self.sync held: every open space
         drops the removed chunks (and from its queue the texts of theirs, `gone`, that no
         chunk has any more: a source removed while its texts were waiting), takes the cached
-        vectors of the added ones, and queues the texts that have none."""
+        vectors of the added ones, and queues the texts that have none: those of a live edit
+        (`live`) first, so that one made while a backlog is embedded is found by its meaning
+        after the engine's current batch, not after the backlog (a walk saw a new note wait
+        12 minutes for its vector)."""
         for space in self.spaces():
             if removed:
                 self._remove(space, removed)
@@ -237,7 +247,7 @@ class VectorStore:
             found = self._add_cached(db, space, by_hash)
             missing = [h for h in by_hash if h not in found]
             if missing:
-                space.queue(missing)
+                space.queue(missing, first=live)
         if self.committed_hook is not None:
             self.committed_hook()
 
