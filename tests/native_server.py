@@ -10,8 +10,9 @@ time) and caches the binary outside the checkout:
     (default ~/.cache/ragd-test/llama-server-<version>-<flags>/llama-server)
 
 It is built only when missing (about 8 minutes on 2 cores), under a file lock so that two test
-runs on one machine build it once, for this machine's CPU (GGML_NATIVE, llama.cpp's default):
-do not copy the cache to another machine. A failed build raises NativeBuildError carrying the tail of
+runs on one machine build it once, for AVX2 when this machine's CPU has it (see _isa_flags;
+not -march=native, which a VM's CPU list can mislead): do not copy the cache to a machine
+without it. A failed build raises NativeBuildError carrying the tail of
 the build log (the log itself stays in the cache folder). ``RAGD_LLAMA_SERVER`` names an existing
 binary instead (nothing is built).
 
@@ -47,6 +48,27 @@ CMAKE_FLAGS = [
     "-DGGML_CUDA=OFF", "-DGGML_VULKAN=OFF", "-DGGML_METAL=OFF",  # CPU only
     "-DGGML_CCACHE=OFF",
 ]
+
+
+def _isa_flags() -> list[str]:
+    """The instruction sets to build for, named (not -march=native): a VM may list CPU
+    features its hypervisor does not give the process. On an Intel Xeon with AMX, a native
+    build died at the first embedding (SIGILL, or SIGSEGV) where the bundled engine, which
+    picks its code at run time, ran. AVX2 with FMA and F16C (any x86-64 since 2013) when
+    /proc/cpuinfo lists them, else ggml's generic code."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            words = set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        words = set()
+    flags = ["-DGGML_NATIVE=OFF"]
+    if {"avx", "avx2", "fma", "f16c", "bmi2"} <= words:
+        flags += ["-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                  "-DGGML_BMI2=ON"]
+    return flags
+
+
+CMAKE_FLAGS += _isa_flags()
 # What ragd's command line needs of the binary (checked in its --help before it is cached).
 NEEDED_FLAGS = ["--embedding", "--reranking", "--pooling", "--ubatch-size", "--parallel",
                 "--no-webui", ".sock", "--jinja", "--cache-ram"]
