@@ -40,8 +40,7 @@ class Filters:
 
     @property
     def active(self) -> bool:
-        return bool(self.exclude_files) or any(
-            v is not None for v in (self.sources, self.path, self.tag, self.since, self.before))
+        return bool(self.exclude_files) or self.narrowed
 
     @property
     def narrowed(self) -> bool:
