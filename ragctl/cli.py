@@ -481,20 +481,17 @@ def do_search(args) -> int:
                          f"this; few of its distinctive words are in them")
         for note in notes:  # on stderr: stdout holds the results alone
             print(f"({note})", file=sys.stderr)
+        if not res["results"]:  # (with -l, stdout holds nothing but paths)
+            print(f"no results ({res.get('reason') or 'nothing matched'})",
+                  file=sys.stderr if args.paths else sys.stdout)
         if args.paths:  # a line per result: `| head -3` is three, `| xargs`, an editor's list
             for r in res["results"]:
-                at = r.get("match_lines") or []
-                print(f"{_one_line(r['path'])}:{at[0] if at else r['line_start']}")
-            if not res["results"]:
-                print(f"no results ({res.get('reason') or 'nothing matched'})", file=sys.stderr)
+                print(_jump(r))
             return
-        if not res["results"]:
-            print(f"no results ({res.get('reason') or 'nothing matched'})")
         terms = _terms(query)
         for i, r in enumerate(res["results"], 1):
             lines = r["text"].split("\n")
             at = r.get("match_lines") or []
-            first = at[0] if at else r["line_start"]
             title = _one_line(r.get("title") or Path(r["path"]).stem)  # (a newline in a name)
             head = _one_line(r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else "")
             more = f"  (+{r['more']} more in this note)" if r.get("more") else ""
@@ -504,7 +501,7 @@ def do_search(args) -> int:
             name = _bold(title, color)
             print(f"{i:>2}. {name}{' — ' + head if head else ''}  [{r['score']:.3f}]"
                   f"{more}{stale}{unsaved}")
-            print(f"    {_one_line(r['path'])}:{first}")
+            print(f"    {_jump(r)}")
             if r["path"].lower().endswith(".pdf"):  # a page: its lines holding the words
                 held = [ln for ln in lines if terms and _pattern(terms).search(ln)] or \
                     [ln for ln in lines if ln.strip()]
@@ -774,6 +771,12 @@ def do_files(args) -> int:
     else:
         print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no files")
     return 0
+
+
+def _jump(r: dict) -> str:
+    """A result's path:line, its best matching line (a terminal or editor jumps there)."""
+    at = r.get("match_lines") or []
+    return f"{_one_line(r['path'])}:{at[0] if at else r['line_start']}"
 
 
 def _one_line(text: str) -> str:
