@@ -263,7 +263,7 @@ def check_inside(source: Source, path: Path) -> None:
         # fresh-user walk: the link's old text outranked the note). A link to a file the
         # source's rules leave out (a dot-folder, an ignored one) is how it gets indexed.
         target = real.relative_to(root).as_posix()
-        if real.is_file() and Rules(source).wanted(target):  # (not a broken link, nor a loop)
+        if real.is_file() and Rules(source).wanted(target):  # (a link to a folder is not)
             raise Unreadable(f"a link to {target}, which is indexed under its own name")
 
 
