@@ -9,7 +9,7 @@ time) and caches the binary outside the checkout:
     $RAGD_NATIVE_CACHE/llama-server-<version>-<flags>/llama-server
     (default ~/.cache/ragd-test/llama-server-<version>-<flags>/llama-server)
 
-It is built only when missing (about 8 minutes on 2 cores), under a file lock so that two test
+It is built only when missing (about 5 minutes on 2 cores), under a file lock so that two test
 runs on one machine build it once, for AVX2 when this machine's CPU has it (see _isa_flags;
 not -march=native, which a VM's CPU list can mislead): do not copy the cache to a machine
 without it. A failed build raises NativeBuildError carrying the tail of
