@@ -7,7 +7,8 @@ coverage: a fresh daemon on a copy of obsidian-tasks-docs, embedding from scratc
   share of chunks with a vector reaches each --coverages value, the main embedding engine is
   paused (SIGSTOP: coverage stays put; the query engine still embeds queries) and the dev set
   (shared/eval/obsidian-tasks) is run in bm25 and hybrid mode over the socket; then again once
-  every chunk has its vector. The promise: hybrid is never below BM25.
+  every chunk has its vector. The promise: hybrid is never below BM25. With it, the rank of the
+  one note only meaning finds (HOUSEPLANT, planted in the copy): in the top 3 at any coverage.
 latency: hybrid search p50 over the socket for the dev-set questions, idle, and while a second
   source (dwarvesf-brain, ~5,900 chunks) is being embedded in bulk — with the query engine
   ([embedding] query_engine = true) and without it. The promise: during bulk <= 2x idle. The
@@ -22,6 +23,7 @@ import argparse
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,8 +51,29 @@ def dev_eval(d: Daemon, mode: str) -> dict:
     return res
 
 
+# The question only meaning answers (tests/test_trust.py): the fig note holds none of its
+# words, the two distractors hold "tree" and "losing". Written last, the fig note is the most
+# recently modified, so it is embedded first; the figure is its rank in hybrid search.
+HOUSEPLANT = "why is my indoor tree losing its foliage"
+
+
+def plant(vault: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_trust import DISTRACTORS, FIG
+    for rel, text in {**DISTRACTORS, "Plants/Fiddle-leaf fig.md": FIG}.items():
+        (vault / rel).parent.mkdir(parents=True, exist_ok=True)
+        (vault / rel).write_text(text)
+
+
+def fig_rank(d: Daemon) -> int | None:
+    res = d.call("search", query=HOUSEPLANT, mode="hybrid", k=10)
+    return next((i for i, r in enumerate(res["results"], 1)
+                 if r["path"].endswith("Fiddle-leaf fig.md")), None)
+
+
 def coverage_case(args, tmp: Path) -> dict:
     vault = copy_vault("obsidian-tasks-docs", tmp / "vault")
+    plant(vault)
     d = make(tmp, [{"name": "tasks", "path": str(vault), "kind": "obsidian"}])
     out = {}
     with d:
@@ -67,12 +90,14 @@ def coverage_case(args, tmp: Path) -> dict:
             try:
                 row = {m: dev_eval(d, m) for m in ("bm25", "hybrid")}
                 cov = d.call("search", query="coverage", mode="hybrid")["vector_coverage"]
+                rank = fig_rank(d)
             finally:
                 os.kill(e["pid"], signal.SIGCONT)
-            out[f"{cov:.2f}"] = _summary(row)
+            out[f"{cov:.2f}"] = {**_summary(row), "houseplant_rank": rank}
             print(f"  coverage {cov:.2f}: {out[f'{cov:.2f}']}", flush=True)
         ready(d, vectors=True)
-        out["1.00"] = _summary({m: dev_eval(d, m) for m in ("bm25", "hybrid")})
+        out["1.00"] = {**_summary({m: dev_eval(d, m) for m in ("bm25", "hybrid")}),
+                       "houseplant_rank": fig_rank(d)}
         print(f"  coverage 1.00: {out['1.00']}", flush=True)
     return out
 

@@ -387,7 +387,8 @@ def do_status(args) -> int:
                 eta = "" if not e.get("eta_s") else f", ~{e['eta_s']} s left" \
                     if e["eta_s"] < 90 else f", ~{round(e['eta_s'] / 60)} min left"
                 left = ("counting the texts to embed" if todo is None else
-                        f"{todo} texts to embed{eta}" if todo else "every chunk embedded")
+                        f"{todo} texts to embed{eta}, {e.get('order') or 'in index order'}"
+                        if todo else "every chunk embedded")
                 # (the space may hold vectors of texts no chunk uses any more, until GC: never
                 # "100%" while texts are still to embed)
                 share = 100 * min(e["vectors"], chunks) / chunks if chunks else 0.0
@@ -459,7 +460,8 @@ def do_search(args) -> int:
         elif res.get("vector_coverage") is not None and res["vector_coverage"] < 1:
             pct = 100 * res["vector_coverage"]
             shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
-            how = ("ranked by keywords (meaning matches added after them) until 95% are in"
+            how = ("ranked by keywords until 95% are in (meaning matches after them, a "
+                   "clear one among the first)"
                    if str(res.get("fusion", "")).startswith("bm25 order")
                    else "the rest are being embedded")
             notes.append(f"vectors cover {shown} of the index so far: {how}")
@@ -476,7 +478,11 @@ def do_search(args) -> int:
                 f"answer this" if res.get("low_confidence") and res["results"] else ""))
         if res.get("rerank_reason"):
             notes.append(f"not reranked: {res['rerank_reason']}")
-        if res.get("low_confidence") and res["results"] and not below:
+        if res.get("unknown_names") and res["results"]:
+            names = ", ".join(repr(n) for n in res["unknown_names"])
+            notes.append(f"low confidence: no note mentions {names}: the notes may not answer "
+                         f"this")
+        elif res.get("low_confidence") and res["results"] and not below:
             notes.append(f"low confidence ({res.get('confidence')}): the notes may not answer "
                          f"this; few of its distinctive words are in them")
         for note in notes:  # on stderr: stdout holds the results alone
@@ -519,6 +525,12 @@ def do_search(args) -> int:
         if args.explain and res.get("cut_below_threshold"):
             print(f"({res['cut_below_threshold']} chunks found by meaning alone were left out: "
                   f"their similarity is below the threshold)")
+        if args.explain and res.get("trusted"):
+            t = res["trusted"]
+            print(f"(the chunk the vectors rank first for the query itself, cosine "
+                  f"{t['cosine']}, clears the threshold by a clear margin: its note is kept in "
+                  f"the top {t['rank']}" + (f"; it ranked {t['lifted_from']} before)"
+                                            if t.get("lifted_from") else ")"))
         if args.explain and res.get("feedback"):
             print(f"(vector ranks are of the query moved towards the first fusion's "
                   f"{res['feedback']['chunks']} best chunks, weight "
@@ -527,7 +539,7 @@ def do_search(args) -> int:
     out = {k: res[k] for k in ("query", "mode", "elapsed_ms", "results")}
     out.update({k: v for k, v in res.items() if k not in out})
     emit(args, out, human)
-    return 0
+    return 0 if res["results"] else 1  # as grep: 1 when nothing was found
 
 
 def do_ask(args) -> int:

@@ -513,6 +513,10 @@ _RELATED_HIT = _object({
 RELATED_OUT = _object({
     "of": {**_OPT_STR, "description": "the note asked about (null for a text)"},
     "reason": {**_OPT_STR, "description": "why there are no results"},
+    "vector_coverage": {"type": "number", "description": "the share of chunks with a vector "
+                        "so far, while embedding is under way (absent once complete)"},
+    "note": {**_OPT_STR, "description": "while vectors are coming: notes not embedded yet "
+             "are not compared"},
     "results": {"type": "array", "items": _RELATED_HIT},
 }, required=("of", "results"), closed=False)
 
@@ -527,6 +531,9 @@ def run_related(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     hits = [{k: r[k] for k in keys if k in r} for r in res["results"]]
     out = {"of": res.get("of") or args.get("path"), "reason": res.get("reason"),
            "results": hits}
+    if res.get("vector_coverage") is not None:  # vectors still coming: say it is partial
+        out["vector_coverage"] = res["vector_coverage"]
+        out["note"] = res.get("note")
     return out, related_text(out)
 
 
@@ -535,7 +542,8 @@ def related_text(out: dict) -> str:
     if not out["results"]:
         return f"No notes related to {what} ({out['reason'] or 'none found'})."
     n = len(out["results"])
-    lines = [f"{n} note{'s' * (n != 1)} related to {what}, closest first:"]
+    lines = [f"{n} note{'s' * (n != 1)} related to {what}, closest first"
+             + (f" ({out['note']})" if out.get("note") else "") + ":"]
     for i, h in enumerate(out["results"], 1):
         frm = h["link"]["from"]
         lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']} — "

@@ -35,15 +35,17 @@ from ragd.index.vectorstore import VectorStore
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
-from ragd.search import ask, bm25, notes
+from ragd.search import ask, bm25, boilerplate, notes
 from ragd.search.filters import Filters
-from ragd.search.hybrid import MODES, PARTIAL_FUSION_FROM, Searcher
+from ragd.search.hybrid import MODES, PARTIAL_FUSION_FROM, Searcher, _lift
 from ragd.engines import download, models
 from ragd.server import AfterReply, OpError, Stream
 
 
 log = logging.getLogger("ragd.ops")
 
+# The order texts wait for their vectors in (indexer._scan_source, VectorStore._load)
+EMBED_ORDER = "most recently modified notes first"
 ECHO_CHARS = 1000  # of a search's query echoed in its reply (query_chars: the whole length)
 
 REQUIRED = object()
@@ -153,8 +155,9 @@ class ReadPool:
 
 
 def _bulk(space) -> bool:
-    """Is a space still short of the vector coverage from which hybrid search fuses (while it
-    is, search ranks by BM25 and vectors do not change which notes a query finds)?"""
+    """Is a first embedding (or a storm's) under way: a space short of PARTIAL_FUSION_FROM of
+    its chunks' vectors? Then search --wait waits for changes to be indexed, not for the
+    backlog (a live edit's texts are first in the embedder's queue anyway)."""
     have, todo = len(space.vectors), space.pending()
     return bool(todo) and have < PARTIAL_FUSION_FROM * (have + todo)
 
@@ -276,9 +279,9 @@ class Ops:
             if vectors is None and (emb.space is None or not emb.engine.ready):
                 return None
             if vectors is None and _bulk(emb.space):
-                # a first embedding under way: hybrid ranks by BM25 until 95% of the vectors
-                # are in (search/hybrid.py), so a change is searchable once it is indexed;
-                # waiting for the whole backlog made every --wait time out
+                # a first embedding under way: a change is searchable once it is indexed
+                # (its texts are embedded first); waiting for the whole backlog made every
+                # --wait time out
                 return None
             return emb
 
@@ -357,7 +360,9 @@ class Ops:
     def cmd_search(self, query: str, k: int | None, mode: str | None, sources: list | None,
                    rerank: bool | None, wait: float, path: str | None = None,
                    tag: str | None = None, since=None, before=None,
-                   group: str = "note") -> dict:
+                   group: str = "note", second: bool = False) -> dict:
+        """second (not a wire argument: ask's): each note result also carries its second
+        best passage (`second`), when it matched nearly as well."""
         t0 = time.perf_counter()
         if not query.strip():
             raise OpError(P.BAD_ARGS, "search: empty query")
@@ -383,12 +388,19 @@ class Ops:
             evidence = info.pop("note_evidence", None)
             grouped = notes.group(db, ranked, info.get("reranked", False), self.buffers,
                                   evidence)
+            trusted = info.get("trusted")
+            if trusted is not None:  # (its chunk id is the index's own: not in the reply)
+                cid = trusted.pop("chunk_id")
+                if group == "note" and not info.get("reranked"):
+                    _lift(grouped, lambda n: any(c.chunk_id == cid for c in n.chunks),
+                          trusted["rank"], info)
             conf = notes.confidence(
                 db, query, grouped, self.buffers,
                 (self.text, text_view[0]) if text_view and text_view[0] else None
             ) if grouped else None
+            unknown = bm25.unknown_names(db, query) if grouped else []
             if group == "note":
-                results = self._note_results(db, grouped, k, evidence)
+                results = self._note_results(db, grouped, k, query, evidence, second)
             else:
                 results = self._results(db, [(c.chunk_id, c.score, c.parts) for c in ranked], k)
         for r in results:
@@ -405,6 +417,9 @@ class Ops:
             # ("what is the capital of France" found "capital" and "Frances": confidence 0.55)
             info["low_confidence"] = conf < notes.LOW_CONFIDENCE or (
                 bool(info.get("below_threshold")) and conf < 1.0)
+        if unknown:  # "Todoist", "OAuth2": a name no note mentions
+            info["unknown_names"] = unknown
+            info["low_confidence"] = True
         info["group"] = group
         reply = {"query": query if len(query) <= ECHO_CHARS else query[:ECHO_CHARS] + "…",
                  "mode": info["mode"],
@@ -417,13 +432,15 @@ class Ops:
             reply["waited"] = {"fresh": fresh, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
         return reply
 
-    def _note_results(self, db: sqlite3.Connection, grouped: list, k: int,
-                      evidence: dict | None = None) -> list:
+    def _note_results(self, db: sqlite3.Connection, grouped: list, k: int, query: str,
+                      evidence: dict | None = None, second: bool = False) -> list:
         """Note-level results: each note's best chunk, its score, and its other matching
         chunks (line ranges) — "+N more in this note"."""
         top = grouped[:k + 10]  # spares, in case some were deleted meanwhile
+        _passages(db, top, query)
         best = self._results(db, [(n.best.chunk_id, n.score, n.best.parts) for n in top],
                              len(top))
+        _widen(db, best)
         by_chunk = {n.best.chunk_id: n for n in top}
         others = [c.chunk_id for n in top for c in n.chunks[1:]]
         spans = {}
@@ -447,6 +464,8 @@ class Ops:
                 r["scores"].update(note_bm25=score, note_bm25_rank=rank,
                                    note_bm25_added=round(added, 6))
             r["more"] = len(n.chunks) - 1
+            if second:
+                r["second"] = self._second(db, n)
             r["chunks"] = [{"line_start": r["line_start"], "line_end": r["line_end"],
                             "heading": r["heading"], "score": round(n.best.score, 6)}] + [
                 {"line_start": spans[c.chunk_id][1], "line_end": spans[c.chunk_id][2],
@@ -456,6 +475,20 @@ class Ops:
             if len(out) == k:
                 break
         return out
+
+    def _second(self, db: sqlite3.Connection, note) -> dict | None:
+        """A note's second passage for ask: its next matching chunk that says something
+        (MIN_PASSAGE) and scored at least SECOND_SHARE of its best; None when it has none."""
+        best = note.best.score
+        for c in note.chunks[1:10]:
+            if c.chunk_id < 0 or (best > 0 and c.score < SECOND_SHARE * best):
+                continue
+            row = db.execute("SELECT heading, line_start, line_end, text FROM chunks WHERE "
+                             "id = ?", (c.chunk_id,)).fetchone()
+            if row is not None and len(row["text"]) >= MIN_PASSAGE:
+                return {"heading": row["heading"], "line_start": row["line_start"],
+                        "line_end": row["line_end"], "text": row["text"]}
+        return None
 
     def _results(self, db: sqlite3.Connection, ranked: list[tuple[int, float, dict]],
                  k: int) -> list:
@@ -663,17 +696,28 @@ class Ops:
                           + (self.engines.unavailable("embedding") or "the embedding engine is "
                              "starting") + ")")
         with self.reads.conn(snapshot=True) as db:
+            coverage = round(Searcher._coverage(db, space.vectors), 4)
+            partial = {"vector_coverage": coverage} if coverage < 1.0 else {}
             spans, vecs, own, note_path, hashes = self._related_source(db, path, text)
             spans, vecs = _distinct_sections(db, spans, vecs, hashes, own)
             if not len(vecs):
+                why = ("no vectors for this note yet" if path is not None else
+                       "the text has nothing to embed" if text is not None and not text.strip()
+                       else "the text could not be embedded: the embedding engine is not ready")
+                if coverage < 1.0:
+                    why += (f" (vectors cover {100 * coverage:.0f}% of the index so far; "
+                            f"they are being embedded)")
                 return {"results": [], "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
-                        "reason": "no vectors for this note yet"}
+                        "reason": why, **partial}
             exclude = np.array(sorted(own | {b.file_id for b in self.buffers.active()
                                             if b.file_id is not None}), dtype=np.int64)
             hits = space.vectors.nearest_to_any(vecs, k * 30, exclude)
+            # a section another note shares with many (a template's) links it to nothing
+            common = boilerplate.shared(db, [h[0] for h in hits])
             best: dict[int, tuple[int, float, int]] = {}
             for cid, fid, score, which in hits:
-                if fid not in best:
+                score *= boilerplate.weight(common.get(cid, 1))
+                if fid not in best or score > best[fid][1]:
                     best[fid] = (cid, score, which)
             top = sorted(best.items(), key=lambda x: -x[1][1])[:k]
             rows = self._results(db, [(cid, s, {"vector": round(s, 6)}) for _, (cid, s, _) in
@@ -685,8 +729,15 @@ class Ops:
             r["title"] = titles.get(fid) or Path(r["path"]).stem
             r["link"] = {"from": spans[which], "to": {"line_start": r["line_start"],
                                                       "line_end": r["line_end"]}}
-        return {"results": rows, "of": note_path,
-                "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+        out = {"results": rows, "of": note_path,
+               "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), **partial}
+        if not rows:
+            out["reason"] = "no other note has vectors yet" if len(space.vectors) <= len(vecs) \
+                else "no other note is close in meaning"
+        elif coverage < 1.0:
+            out["note"] = (f"vectors cover {100 * coverage:.0f}% of the index so far: notes not "
+                           f"embedded yet are not compared")
+        return out
 
     def _related_source(self, db, path: str | None, text: str | None):
         """(line spans, vectors, file ids to leave out, path, the chunks' text hashes) of what
@@ -776,6 +827,7 @@ class Ops:
                 "vectors": len(space.vectors) if space is not None else 0,
                 "vector_index": space.searched_by() if space is not None else None,
                 "pending_texts": (todo := emb.pending()),
+                "order": EMBED_ORDER,
                 "embedded_texts": s.texts, "embedded_tokens": s.tokens,
                 "truncated": s.truncated, "failed": s.failed,
                 # at the pace of the texts embedded since start (engine time per text)
@@ -887,6 +939,64 @@ def _distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
     if not keep or len(keep) == len(hashes):
         return spans, vecs
     return [spans[i] for i in keep], vecs[keep]
+
+
+MIN_PASSAGE = 60  # characters: a chunk shorter than this never stands alone for a note
+SECOND_SHARE = 0.5  # ask: a note's second passage scored at least this share of its best
+
+
+def _passages(db, top: list, query: str) -> None:
+    """Each note shown by a passage that says something: when its best chunk is shorter than
+    MIN_PASSAGE ("Currently, no.", a tag line), another of its matching chunks stands for the
+    note (its score is the note's still) if it is not short, scored nearly as well
+    (SECOND_SHARE) and carries the match as well: it holds a word of the query when the short
+    one does. Else the short one stays, and _widen shows the section around it."""
+    ids = [c.chunk_id for n in top for c in n.chunks[:10] if c.chunk_id > 0]
+    texts: dict[int, str] = {}
+    for i in range(0, len(ids), 900):
+        part = ids[i:i + 900]
+        texts.update(db.execute(f"SELECT id, text FROM chunks WHERE id IN "
+                                f"({','.join('?' * len(part))})", part).fetchall())
+    for n in top:
+        short = texts.get(n.best.chunk_id)
+        if short is None or len(short) >= MIN_PASSAGE:
+            continue
+        worded = bool(bm25.matching_lines(short, 1, query))
+        at = next((i for i, c in enumerate(n.chunks[:10]) if i and len(
+            texts.get(c.chunk_id, "")) >= MIN_PASSAGE and c.score >= SECOND_SHARE * n.best.score
+            and (not worded or bm25.matching_lines(texts[c.chunk_id], 1, query))), None)
+        if at is not None:
+            n.chunks.insert(0, n.chunks.pop(at))
+
+
+def _widen(db, results: list[dict]) -> None:
+    """A result whose passage is still shorter than MIN_PASSAGE (its note's only match) is
+    shown with the chunks after it in its file (before it, at the file's end) until it is
+    not: the section around a short answer, not the answer alone."""
+    for r in results:
+        cid = r.get("chunk_id")
+        if cid is None or cid < 0 or len(r["text"]) >= MIN_PASSAGE \
+                or r["path"].lower().endswith(".pdf"):  # (a PDF's ranges are pages)
+            continue
+        fid, ordinal = db.execute("SELECT file_id, ordinal FROM chunks WHERE id = ?",
+                                  (cid,)).fetchone()
+        after = db.execute("SELECT line_start, line_end, text FROM chunks WHERE file_id = ? "
+                           "AND ordinal > ? ORDER BY ordinal LIMIT 3", (fid, ordinal)).fetchall()
+        before = db.execute("SELECT line_start, line_end, text FROM chunks WHERE file_id = ? "
+                            "AND ordinal < ? ORDER BY ordinal DESC LIMIT 3",
+                            (fid, ordinal)).fetchall()
+        for rows, forward in ((after, True), (before, False)):
+            for start, end, text in rows:
+                if len(r["text"]) >= MIN_PASSAGE:
+                    break
+                # the lines between stay lines (blank), so that a line of the text is still
+                # line_start + its index in the file
+                if forward and start > r["line_end"]:
+                    gap = "\n" * (start - r["line_end"])
+                    r["text"], r["line_end"] = r["text"] + gap + text, end
+                elif not forward and end < r["line_start"]:
+                    gap = "\n" * (r["line_start"] - end)
+                    r["text"], r["line_start"] = text + gap + r["text"], start
 
 
 SESSION_OPS = {"buffer_set", "buffer_drop", "related"}

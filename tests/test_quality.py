@@ -277,7 +277,8 @@ def test_a_source_without_vectors_yet_is_not_judged_far_in_meaning(make_daemon, 
             assert res["results"] and res["vector_coverage"] < 1, res
             assert "below_threshold" not in res and res["low_confidence"] is False, res
             res = d.call("search", query="xylophone", sources=["Docs2"])
-            assert res["results"] == [] and "embedded so far" in res["reason"], res
+            assert res["results"] == [] and "no chunk has a vector to compare yet" in \
+                res["reason"], res
 
 
 def test_confidence_flags_what_the_notes_do_not_answer(make_daemon, tmp_path):

@@ -424,6 +424,9 @@ class Indexer:
         changed = [rel for rel, seen in on_disk.items()
                    if force or rel not in known or known[rel].size != seen.size
                    or known[rel].mtime_ns != seen.mtime_ns]
+        # The most recently modified first: people search what they work on, and during a
+        # first index the notes indexed (and embedded) first are the ones found first.
+        changed.sort(key=lambda rel: -on_disk[rel].mtime_ns)
         # Only what a listing that succeeded shows gone is gone.
         gone_rels = {rel for rel in known.keys() - on_disk.keys() if listing.covers(rel)}
         new_rels = [rel for rel in changed if rel not in known]

@@ -662,3 +662,18 @@ def source_counts(db: sqlite3.Connection) -> dict[str, dict[str, int]]:
     for source, key, n in db.execute("SELECT source, key, n FROM counts"):
         out.setdefault(source, {})[key] = n
     return out
+
+
+def shared_text_counts(db: sqlite3.Connection, chunk_ids: Iterable[int]) -> dict[int, int]:
+    """chunk id -> how many files of its source hold a chunk of exactly its text (1: its own
+    file only). Chunk ids of no row are left out."""
+    ids = [c for c in dict.fromkeys(chunk_ids) if c > 0]
+    out: dict[int, int] = {}
+    for i in range(0, len(ids), 500):
+        part = ids[i:i + 500]
+        out.update(db.execute(
+            "SELECT c.id, (SELECT COUNT(DISTINCT c2.file_id) FROM chunks c2 JOIN files f2 ON "
+            "f2.id = c2.file_id WHERE c2.text_hash = c.text_hash AND f2.source = f.source) "
+            f"FROM chunks c JOIN files f ON f.id = c.file_id WHERE c.id IN "
+            f"({','.join('?' * len(part))})", part).fetchall())
+    return out

@@ -468,6 +468,11 @@ class VectorStore:
             stale = bool(len(cur_ids))
         todo: OrderedDict[str, None] = OrderedDict()
         idx = np.flatnonzero(need)
+        if len(idx):  # queued most recently modified note first, as the indexer takes them
+            mtimes = dict(db.execute("SELECT id, mtime_ns FROM files"))
+            recent = np.fromiter((mtimes.get(int(f), 0) for f in cur_files[idx]),
+                                 dtype=np.int64, count=len(idx))
+            idx = idx[np.argsort(-recent, kind="stable")]
         for i in range(0, len(idx), 20000):
             part = idx[i:i + 20000]
             hashes = cur_hashes[part].tolist()

@@ -280,6 +280,32 @@ whom whose why will with within without would yes yet you your yours yourself
 """.split())
 
 
+def names(query: str) -> list[str]:
+    """The words a query writes as names: with a capital letter where a sentence does not
+    start ("Todoist", "Google Calendar"), or one inside ("OAuth2", "iPhone", "PDF"); each once,
+    lowercased."""
+    out: list[str] = []
+    for m in _WORD.finditer(query):
+        w = m.group(0)
+        if len(w) < 2 or w.isdigit():
+            continue
+        before = query[:m.start()].rstrip()
+        starts = not before or before[-1] in ".?!:;\"'(\u201c\u2018"
+        if any(c.isupper() for c in w[1:]) or (w[0].isupper() and not starts):
+            if w.lower() not in out and w.lower() not in STOPWORDS:
+                out.append(w.lower())
+    return out
+
+
+def unknown_names(db: sqlite3.Connection, query: str) -> list[str]:
+    """The names of the query (`names`) that no chunk of the index holds: a question about
+    something no note mentions is one the notes likely do not answer."""
+    found = names(query)
+    if not found:
+        return []
+    return [w for w, df in zip(found, doc_freqs(db, [f'"{w}"' for w in found])) if df == 0]
+
+
 def content_terms(query: str) -> list[str]:
     """The query's words that carry its meaning (not question or filler words)."""
     return [w for w in dict.fromkeys(w.lower() for w in _WORD.findall(_PHRASE.sub(" ", query)))

@@ -29,7 +29,7 @@ import numpy as np
 
 
 from ragd.engines.client import EngineError, EngineUnavailable
-from ragd.search import bm25, notes
+from ragd.search import bm25, boilerplate, notes
 from ragd.search.filters import Filters
 
 MODES = ("hybrid", "vector", "bm25")
@@ -74,12 +74,27 @@ def rrf(lists: dict[str, list[int]], k: int = 60,
 
 
 # Below this share of chunks with a vector, hybrid keeps BM25's scores and order (the vector
-# side only adds what BM25 did not find, after it): on the dev set every fusion with a partial
-# vector list ranked below BM25 alone (MRR@10 0.604 at 10% coverage, 0.632 at 50%, BM25
-# 0.642); this gives 0.642 at both, and 0.806 once every chunk has its vector
-# (bench/while_embedding.py). Above it, partial_rrf: an edit's few chunks waiting for their
-# vectors do not switch the ranking.
+# side only adds what BM25 did not find, after it, and lifts a match by meaning clear enough
+# to trust: Searcher._trusted): a fusion with a partial vector list ranks embedded chunks
+# above the unembedded ones that answer (docs/quality.md). Above it, the fusion counts a
+# chunk still without a vector as BM25 does: an edit's few chunks waiting for their vectors
+# do not switch the ranking.
 PARTIAL_FUSION_FROM = 0.95
+
+def _lift(items: list, match, rank: int, info: dict) -> None:
+    """Move the first item that `match`es up to `rank` (1-based) when it is below it."""
+    at = next((i for i, x in enumerate(items) if match(x)), None)
+    if at is not None and at >= rank:
+        items.insert(rank - 1, items.pop(at))
+        info["trusted"]["lifted_from"] = at + 1
+
+# When no chunk holds a word of the query, a match by meaning alone must be this much above
+# the similarity threshold to be shown (Searcher._anything_relevant).
+MEANING_MARGIN = 0.1
+# The rank a match by meaning that clear (Searcher._trusted) is lifted to when below it: while
+# vectors are coming (BM25's order otherwise), and once they are all in (fused).
+TRUSTED_RANK = 2
+TRUSTED_RANK_FULL = 3
 
 
 def partial_rrf(lists: dict[str, list[int]], k: int, weights: dict[str, float],
@@ -276,6 +291,11 @@ class Searcher:
 
         if not self._anything_relevant(db, query, mode, filters, lists, info, signed):
             return [], info
+        if lists.get("vector"):
+            head = lists["vector"][:5]
+            common = boilerplate.shared(db, head)
+            first = next((c for c in head if c not in common), head[0])
+            info["_vfirst"] = (first, parts[first]["vector"])
         weights = {"vector": vector_weight(query), "bm25": 1.0}
         coverage = info.get("vector_coverage", 1.0)
         if mode == "hybrid" and coverage >= PARTIAL_FUSION_FROM:
@@ -288,13 +308,14 @@ class Searcher:
             unembedded = info.pop("unembedded", ())
             if coverage < PARTIAL_FUSION_FROM and "vector" in lists:
                 # BM25's own scores and order (as mode bm25 ranks), then what only the
-                # vectors found, below every BM25 hit
+                # vectors found, below every BM25 hit; a match by meaning clear enough to
+                # trust is lifted (_trusted)
                 info["fusion"] = "bm25 order: vectors still coming"
                 fused = {c: parts[c]["bm25"] for c in lists.get("bm25", ())}
                 floor = min(fused.values(), default=1.0)
                 for rank, cid in enumerate(lists["vector"], 1):
                     fused.setdefault(cid, floor * 0.5 / rank)
-                key = None  # (no fused score: BM25's own; --explain said "fused (RRF)")
+                key = None  # (no fused score: BM25's own)
             elif self.cfg.fusion == "convex" and "vector" in lists:
                 info["fusion"] = "convex"
                 share = round(effective_share(self.cfg.vector_share, weights["vector"]), 4)
@@ -319,6 +340,17 @@ class Searcher:
             key = "vector" if mode == "vector" else "bm25"
             ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists.get(key, [])]
 
+        if ranked:
+            common = boilerplate.shared(db, [c.chunk_id for c in ranked])
+            for c in ranked:
+                if c.chunk_id in common:
+                    c.score *= boilerplate.weight(common[c.chunk_id])
+                    c.parts["shared_by"] = common[c.chunk_id]
+            if common:
+                ranked.sort(key=lambda c: -c.score)
+        trusted = self._trusted(info.pop("_vfirst", None), mode, coverage)
+        if trusted is not None:
+            info["trusted"] = trusted
         timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
@@ -326,6 +358,8 @@ class Searcher:
             top = (notes.firsts(db, ranked, self.cfg.rerank_top, self.buffers)
                    if group == "note" else ranked[:self.cfg.rerank_top])
             self._rerank(db, query, ranked, top, info)
+        if trusted is not None and group == "chunk" and not info["reranked"]:
+            _lift(ranked, lambda c: c.chunk_id == trusted["chunk_id"], trusted["rank"], info)
         if group == "note" and self.cfg.note_weight > 0 and ranked and view is None \
                 and not info["reranked"]:  # (the reranker's order stands: notes.group)
             # (Milvus serving: its BM25 is not FTS5's; the notes' own rows are not used)
@@ -344,25 +378,34 @@ class Searcher:
 
     def _anything_relevant(self, db, query: str, mode: str, filters: Filters,
                            lists: dict[str, list[int]], info: dict, signed: bool) -> bool:
-        """'Nothing relevant' only when neither signal has anything: no vector above the
-        similarity threshold, and no chunk holding a content word or a symbol (`signed`) of
-        the query (question and filler words alone do not count). Below the threshold the
-        vector list is dropped and BM25 answers, flagged below_threshold."""
-        weak_vectors = "vector" in lists and info.get("best_similarity", 1.0) < self.threshold()
+        """'Nothing relevant' when neither signal has anything: no vector above the similarity
+        threshold, and no chunk holding a content word or a symbol (`signed`) of the query
+        (question and filler words alone do not count). Below the threshold the vector list
+        is dropped and BM25 answers, flagged below_threshold. When no chunk holds a word of
+        the query, meaning alone must clear a higher bar (meaning_bar): a word no note holds
+        ("sourdough") is near the threshold to some chunk of any large vault."""
+        thr = self.threshold()
+        best = info.get("best_similarity", 1.0)
+        weak_vectors = "vector" in lists and best < thr
         if mode == "vector":
             if weak_vectors:
                 # a chunk holding every word of the query is a literal match, relevant
                 # whatever the cosine (rare names and identifiers embed poorly)
                 if not bm25.all_terms_match(db, query, filters):
-                    return self._nothing(info, filters.narrowed)
+                    return self._nothing(info, filters.narrowed, "vector")
                 info["below_threshold"] = True
             return True
         keywords = bool(lists.get("bm25")) and (signed or bm25.content_match(db, query, filters)
                                                 or any(c < 0 for c in lists["bm25"]))
+        if not keywords and "vector" in lists and not weak_vectors and thr > 0:
+            bar = round(thr + MEANING_MARGIN, 4)
+            info["meaning_bar"] = bar
+            if best < bar:
+                return self._nothing(info, filters.narrowed, "meaning")
         if weak_vectors:
             del lists["vector"]
             if not keywords:
-                return self._nothing(info, filters.narrowed)
+                return self._nothing(info, filters.narrowed, "hybrid")
             # While vectors are still coming, no close match among the chunks embedded so far
             # is no finding (a source just added has none: best similarity -1): not flagged,
             # so it does not make the answer low-confidence ("ask" refused a question every
@@ -370,22 +413,31 @@ class Searcher:
             if info.get("vector_coverage", 1.0) >= 1.0:
                 info["below_threshold"] = True
         elif mode == "bm25" and not keywords:
-            return self._nothing(info, filters.narrowed)
+            return self._nothing(info, filters.narrowed, "bm25")
         return True
+
+    def _trusted(self, first, mode: str, coverage: float) -> dict | None:
+        """The chunk the vectors rank first for the query itself (before dense feedback; not
+        boilerplate) when its cosine clears the threshold by MEANING_MARGIN: a match by meaning
+        this clear is never buried under keyword matches of the question's words ("why is my
+        indoor tree losing its foliage": the fig note 28th behind AVL trees while vectors were
+        coming, 4th after feedback). Hybrid only; its note is lifted to TRUSTED_RANK (while
+        vectors are coming) or TRUSTED_RANK_FULL."""
+        thr = self.threshold()
+        if first is None or mode != "hybrid" or thr <= 0 or first[1] < thr + MEANING_MARGIN:
+            return None
+        return {"chunk_id": first[0], "cosine": round(first[1], 4),
+                "rank": TRUSTED_RANK if coverage < 1.0 else TRUSTED_RANK_FULL}
 
     def _cut_weak_tail(self, ranked: dict[int, float], parts: dict[int, dict],
                        info: dict) -> None:
         """Hybrid: drop from `ranked` the chunks found by meaning alone (no BM25 hit) whose
-        cosine is below the similarity threshold: by the threshold's own measure they are not
-        relevant. A query whose best chunk passes it kept them all, so a word found in one note
-        came back with nine notes of similarity 0.25 after it (a fresh-user walk). Dev set,
-        SciFact train and held-out hybrid figures unchanged: no answer was among them. Not in
-        vector search, where nothing else stands in: there it cost the held-out set an answer
-        at cosine 0.28 (MRR@10 0.847 -> 0.844). After dense feedback the cosine compared is
-        the moved query's (what the fusion used): comparing the query's own instead also cut
-        notes a walk saw trail a made-up word at 0.31-0.37, but cost the held-out set an
-        answer (hybrid MRR@10 0.933 -> 0.929)."""
-        floor = self.threshold()
+        cosine is below the similarity threshold (below meaning_bar when no chunk holds a word
+        of the query): by the threshold's own measure they are not relevant, and a word found
+        in one note came back with nine notes of similarity 0.25 after it. Not in vector
+        search, where nothing else stands in. After dense feedback the cosine compared is the
+        moved query's (what the fusion used)."""
+        floor = info.get("meaning_bar") or self.threshold()
         if floor <= 0:  # no threshold (0: off)
             return
         weak = [c for c in ranked
@@ -395,23 +447,35 @@ class Searcher:
         if weak:
             info["cut_below_threshold"] = len(weak)
 
-    def _nothing(self, info: dict, filtered: bool = False) -> bool:
-        """`filtered`: the search was narrowed by filters, and the reason says so (a walk
-        read "no note holds a content word" of a word that a note left out by --since held)."""
+    def _nothing(self, info: dict, filtered: bool, why: str) -> bool:
+        """Say why nothing is relevant, with the evidence of the ranking that looked: `why`
+        "bm25" (no chunk holds a content word), "vector" (no chunk is close enough in
+        meaning), "hybrid" (neither), "meaning" (no chunk holds a word, and meaning alone is
+        below meaning_bar). `filtered`: the search was narrowed by filters, and the reason
+        says so (a walk read "no note holds a content word" of a word that a note left out
+        by --since held)."""
         info["nothing_relevant"] = True
         none = "no note the filters let through" if filtered else "no note"
-        if info.get("vector_coverage", 1.0) < 1.0:
-            info["reason"] = (f"nothing relevant: {none} holds a content word of the query, "
-                              f"and none of the chunks embedded so far "
-                              f"({100 * info['vector_coverage']:.0f}% of the index) is close "
-                              f"in meaning")
+        words = f"{none} holds a content word of the query"
+        coverage = info.get("vector_coverage", 1.0)
+        partial = (f" (vectors cover {100 * coverage:.0f}% of the chunks so far: a note not "
+                   f"embedded yet is not compared)" if coverage < 1.0 else "")
+        if "best_similarity" in info and info["best_similarity"] < 0:
+            close = "no chunk has a vector to compare yet"
         elif "best_similarity" in info:
-            info["reason"] = (f"nothing relevant: the best similarity "
-                              f"{info['best_similarity']:.3f} is below the threshold "
-                              f"{self.threshold():.3f} (search.min_similarity) and {none} "
-                              f"holds a content word of the query")
+            bar = info.get("meaning_bar") if why == "meaning" else self.threshold()
+            close = (f"the best similarity {info['best_similarity']:.3f} is below "
+                     + (f"the {bar:.3f} a match by meaning alone needs (search.min_similarity "
+                        f"+ {MEANING_MARGIN})" if why == "meaning" else
+                        f"the threshold {bar:.3f} (search.min_similarity)"))
         else:
-            info["reason"] = f"nothing relevant: {none} holds a content word of the query"
+            close = None
+        if why == "bm25" or close is None:
+            info["reason"] = f"nothing relevant: {words}"
+        elif why == "vector":
+            info["reason"] = f"nothing relevant: {close}{partial}"
+        else:
+            info["reason"] = f"nothing relevant: {words}, and {close}{partial}"
         return False
 
     def _embed_query(self, query: str, info: dict):
