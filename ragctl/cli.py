@@ -13,6 +13,7 @@ import os
 import re
 import select
 import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -556,20 +557,33 @@ def do_ask(args) -> int:
     stream = not args.json
     result = None
     wrote = False
+    progress = _Progress(sys.stderr) if stream else None
     with connect(args, timeout=None) as c:
         req = c.send("ask", **kw)
         try:
             for reply in c.replies(req):
+                item = reply["result"]
                 if reply.get("final", True):
-                    result = reply["result"]
-                elif stream and "delta" in reply["result"]:
-                    sys.stdout.write(reply["result"]["delta"])
+                    result = item
+                elif stream and "delta" in item:
+                    progress.clear()
+                    sys.stdout.write(item["delta"])
                     sys.stdout.flush()
                     wrote = True
+                elif stream and "sources" in item and not wrote:
+                    progress.show(f"ragd: {item['used']} of the {item['retrieved']} notes found "
+                                  f"given to the model; waiting for its answer…", first=True)
+                elif stream and item.get("writing") and not wrote:
+                    tokens = item.get("tokens")
+                    progress.show("ragd: the model is writing" + (
+                        f" ({tokens} tokens, shown once it cites a note)…" if tokens else "…"))
         except P.DaemonError:
             if wrote:  # the error goes on a line of its own, after the broken-off answer
                 print("\n[the answer was cut off]")
             raise
+        finally:
+            if progress is not None:
+                progress.clear()
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
         return 0
@@ -582,12 +596,40 @@ def do_ask(args) -> int:
     print()
     print()
     used, found = result.get("used", 0), result.get("retrieved", 0)
-    print(f"Sources ({used} of the {found} notes found were given to the model"
-          + (", the last one cut to fit" if any(s.get("cut") for s in result["sources"])
+    print(f"Cited ({len(result['citations'])} of the {used} notes given to the model, of "
+          f"{found} found"
+          + ("; the last one cut to fit" if any(s.get("cut") for s in result["sources"])
              else "") + "):")
     for cit in result["citations"]:
         print(f"  [{cit['n']}] {_one_line(cit['path'])}:{cit['line_start']}-{cit['line_end']}")
     return 0
+
+
+class _Progress:
+    """One line of progress on stderr while the model thinks: rewritten in place on a
+    terminal and cleared once the answer shows; elsewhere (a log) only its first line."""
+
+    def __init__(self, out):
+        self.out = out
+        self.tty = out.isatty()
+        self.shown = False
+
+    def show(self, text: str, first: bool = False) -> None:
+        if not self.tty and not first:
+            return
+        if self.tty:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            self.out.write("\r\033[K" + text[:width])
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown and self.tty:
+            self.out.write("\r\033[K")
+            self.out.flush()
+        self.shown = False
 
 
 def _explain(scores: dict, weights: dict | None) -> str:

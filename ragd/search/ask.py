@@ -45,25 +45,65 @@ MIN_NOTE_TOKENS = 48  # a note cut shorter than this is left out instead
 READ_TIMEOUT = 600.0  # seconds the engine may go without sending anything (a long prompt, or
 # another ask ahead of this one in its single slot)
 MIN_PROMPT_ROOM = 256  # max_tokens may take the context up to this
+# Below this share of chunks with a vector, ask does not answer: the note that answers by
+# meaning alone may not be embedded yet, and an answer from what is would look complete.
+ASK_COVERAGE = 0.95
 
 _CITE = re.compile(r"\[(\d{1,3}(?:\s*[,;]\s*\d{1,3})*)\]")
+_WORDS = re.compile(r"[^\W\d_]{1,}|\d+", re.UNICODE)
+_BULLET = re.compile(r"\s*(?:[-*+>]|\d+[.)])?\s*$")
+# The made-up notes of EXAMPLE, as the prompt lists them: a small model that echoes the
+# example ("[1] Cats [2] Plants") has not cited anything.
+EXAMPLE_HEADERS = ("Cats", "Plants")
 
 
-def citations(text: str, n: int) -> list[int]:
-    """The source numbers the text cites (``[2]``, ``[1, 3]``, ``[1][2]``), each once, in order
-    of first mention; numbers outside 1..n are not citations of a source."""
+def citations(text: str, n: int, headers: tuple[str, ...] = (), final: bool = True
+              ) -> list[int]:
+    """The source numbers the text cites, each once, in order of first mention. A citation is
+    a marker (``[2]``, ``[1, 3]``, ``[1][2]``) right after a claim, of a source given (1..n):
+
+    - a marker that starts its line (a list item, "[1] Cats") cites nothing: it lists;
+    - a marker followed by a note's header as the prompt shows it (``headers``: "[n] Title",
+      and the example's) echoes the prompt's list of notes;
+    - a Markdown link label or reference (``[Task Filters][1]``, ``[1]: url``, ``[1](url)``)
+      is a link.
+
+    While the answer is still coming (``final`` False), a marker whose following text could
+    still become a header is not counted yet."""
     out: list[int] = []
+    heads = [h.strip() for h in (*headers, *EXAMPLE_HEADERS) if h and h.strip()]
+    prev_end, prev_ok = 0, False
     for m in _CITE.finditer(text):
-        for part in re.split(r"[,;]", m.group(1)):
-            k = int(part)
-            if 1 <= k <= n and k not in out:
-                out.append(k)
+        start, end = m.span()
+        between = text[prev_end:start]
+        adjacent = prev_ok and not between.strip()  # [1][2]: one group of citations
+        line = text[text.rfind("\n", 0, start) + 1:start]
+        after = text[end:text.find("\n", end) if "\n" in text[end:] else len(text)]
+        nums = [int(x) for x in re.split(r"[,;]", m.group(1))]
+        ok = all(1 <= k <= n for k in nums)
+        if text[:start].endswith("]") and not adjacent:
+            ok = False  # [label][1]: a reference link
+        if re.match(r"\s*:\s|\(", after):
+            ok = False  # [1]: url, [1](url)
+        if not adjacent and (_BULLET.fullmatch(line) or not _WORDS.search(between if
+                                                                          prev_end else line)):
+            ok = False  # no claim before it: a list of the notes, not a citation
+        rest = after.lstrip()
+        if any(rest.lower().startswith(h.lower()) for h in heads):
+            ok = False  # "[1] Cats": the prompt's list of notes, echoed
+        elif not final and (not rest or any(h.lower().startswith(rest.lower()) for h in heads)):
+            ok = False  # may still become an echo: not yet
+        if ok:
+            out.extend(k for k in nums if k not in out)
+        prev_end, prev_ok = end, ok
     return out
 
 
 @dataclass
 class Note:
-    """One retrieved note as the prompt shows it: its best passage."""
+    """One retrieved note as the prompt shows it: its best passage, under its heading path,
+    and its second best when it matched nearly as well (`also`: heading, line_start,
+    line_end, text) — a tip beside the explanation it belongs to."""
     n: int
     path: str
     source: str
@@ -73,18 +113,26 @@ class Note:
     line_end: int
     text: str
     cut: bool = False  # the passage was cut to fit the context
+    also: dict | None = None
 
     def header(self) -> str:
         return f"[{self.n}] {self.heading or self.title}\n"
 
     def block(self) -> str:
-        return self.header() + self.text
+        if not self.also:
+            return self.header() + self.text
+        head = self.also["heading"].split(" > ")[-1] if self.also["heading"] else ""
+        return (self.header() + self.text + "\n\n" + (f"({head})\n" if head else "")
+                + self.also["text"])
 
     def public(self) -> dict:
         return asdict(self)
 
     def cited(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in ("text", "cut")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("text", "cut", "also")}
+        if self.also:
+            out["also"] = {k: v for k, v in self.also.items() if k != "text"}
+        return out
 
 
 def _count(client, text: str) -> int:
@@ -102,8 +150,12 @@ def fit_notes(client, results: list[dict], question: str, context: int,
     notes: list[Note] = []
     for r in results:
         note = Note(len(notes) + 1, r["path"], r["source"], r.get("title") or "",
-                    r.get("heading") or "", r["line_start"], r["line_end"], r["text"])
+                    r.get("heading") or "", r["line_start"], r["line_end"], r["text"],
+                    also=r.get("second"))
         need = _count(client, note.block()) + 2  # the blank line between notes
+        if need > room and note.also:  # its best passage alone, then
+            note.also = None
+            need = _count(client, note.block()) + 2
         if need <= room:
             notes.append(note)
             room -= need
@@ -131,7 +183,8 @@ def dont_know(question: str, reason: str, search: dict, **extra) -> dict:
 
 def _search_info(res: dict) -> dict:
     return {k: res.get(k) for k in ("mode", "degraded", "confidence", "low_confidence",
-                                    "below_threshold", "elapsed_ms") if k in res}
+                                    "below_threshold", "unknown_names", "vector_coverage",
+                                    "elapsed_ms") if k in res}
 
 
 def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list | None,
@@ -163,15 +216,23 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
                       f"{context - MIN_PROMPT_ROOM} (the generator's context is {context})")
 
     found = ops.cmd_search(query=question, k=k, mode=None, sources=sources, rerank=None,
-                           wait=0, path=path, tag=tag, group="note")
+                           wait=0, path=path, tag=tag, group="note", second=True)
     if not found["results"]:
         return dont_know(question, found.get("reason") or "nothing relevant in the notes",
                          found)
     if found.get("low_confidence"):
-        why = ("no note is close in meaning, and only some of the question's distinctive "
+        why = ("no note mentions " + ", ".join(repr(n) for n in found["unknown_names"])
+               if found.get("unknown_names") else
+               "no note is close in meaning, and only some of the question's distinctive "
                "words are in the notes found" if found.get("below_threshold") else
                "few of the question's distinctive words are in the notes found")
         return dont_know(question, f"low confidence ({found.get('confidence')}): {why}", found)
+    coverage = found.get("vector_coverage")
+    if coverage is not None and coverage < ASK_COVERAGE:
+        return dont_know(question, f"vectors are still being computed ({100 * coverage:.0f}% "
+                         f"of the notes so far): a note that answers only by its meaning may not "
+                         f"be found yet; ask again once 'ragctl status' shows every chunk "
+                         f"embedded", found)
     client = engine.client
     try:
         notes = fit_notes(client, found["results"], question, context, max_tokens)
@@ -184,7 +245,8 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
             "temperature": cfg.generator_temperature, "cache_prompt": True}
     retrieval_ms = (time.perf_counter() - t0) * 1e3
     state: dict = {"text": "", "timings": {}, "first_token": None, "first_shown": None,
-                   "finish": None}
+                   "finish": None, "tokens": 0, "progress": 0.0}
+    headers = tuple(n.heading or n.title for n in notes)
 
     def items():
         yield {"sources": [n.public() for n in notes], "retrieved": len(found["results"]),
@@ -200,11 +262,21 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
                 if not delta:
                     continue
                 state["text"] += delta
+                state["tokens"] += 1
                 if state["first_token"] is None:
                     state["first_token"] = time.perf_counter()
+                    state["progress"] = time.monotonic()
                     yield {"writing": True}  # the model has begun (its text may be held back)
-                if shown == 0 and not citations(state["text"], len(notes)):
-                    yield None  # held back until it cites a source: is the client still there?
+                if shown == 0 and not citations(state["text"], len(notes), headers,
+                                                final=False):
+                    # held back until it cites a source; a line of progress at most every
+                    # second (and: is the client still there?)
+                    now = time.monotonic()
+                    if now - state["progress"] >= 1.0:
+                        state["progress"] = now
+                        yield {"writing": True, "tokens": state["tokens"]}
+                    else:
+                        yield None
                     continue
                 if state["first_shown"] is None:
                     state["first_shown"] = time.perf_counter()
@@ -219,7 +291,7 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
 
     def last() -> dict:
         text = state["text"].strip()
-        cited = citations(text, len(notes))
+        cited = citations(text, len(notes), headers)
         t = state["timings"]
 
         def ms(when):
