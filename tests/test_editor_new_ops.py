@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import engine_config, small_vault, wait_embedded
+from conftest import bulk_embedding_stopped, engine_config, ragctl, small_vault, wait_embedded
 from editors import expected_line, lua_str, require_nvim, run_nvim
 from test_editor_obsidian import daemon_env, node_tests, run_node  # noqa: F401 (a fixture)
 
@@ -167,6 +167,40 @@ def test_nvim_related_command(engine_daemon, nvim_name, tmp_path):
     assert all(r["path"] != str(note) for r in want)
     assert got["file"] == want[0]["path"] and got["line"] == expected_line(want[0])
     assert len(got["scratch"]) > 0
+
+
+@NVIMS
+def test_nvim_related_says_why_there_is_nothing(make_daemon, nvim_name, tmp_path):
+    """:RagdRelated on a note whose vectors are still to come said "no related notes" and
+    dropped the daemon's reason ("no vectors for this note yet"). A source is added while the
+    bulk embedding engine is stopped, so its note waits for its vectors."""
+    nvim = require_nvim(nvim_name)
+    vault = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}],
+                    extra=engine_config())
+    other = tmp_path / "Docs2"
+    other.mkdir()
+    note = other / "Lighthouse.md"
+    note.write_text("# Lighthouse\n\nThe keeper cleans the lamp every Tuesday.\n")
+    with d:
+        d.wait_idle()
+        with bulk_embedding_stopped(d):
+            r = ragctl("--config", d.config, "sources", "add", str(other))
+            assert r.returncode == 0, r.stderr
+            d.wait_idle()
+            want = d.call("related", path=str(note), k=5)
+            assert want["results"] == [] and want["reason"], want
+            got = run_nvim(nvim, f"""
+                require('ragd').setup({{ socket = {lua_str(str(d.socket))}, picker = 'select',
+                                         timeout_ms = 30000 }})
+                vim.cmd('edit ' .. vim.fn.fnameescape({lua_str(str(note))}))
+                vim.cmd('RagdRelated')
+                wait_for(function() return #notices > 0 end, 30000, 'a notice')
+                result.offered = offered ~= nil
+            """, tmp_path / "nvim")
+    assert [n["msg"] for n in got["notices"]] == [
+        f"ragd: no related notes for Lighthouse.md ({want['reason']})"]
+    assert got["offered"] is False
 
 
 # ----- Obsidian -------------------------------------------------------------------------------
