@@ -169,15 +169,14 @@ def test_nvim_related_command(engine_daemon, nvim_name, tmp_path):
     assert len(got["scratch"]) > 0
 
 
-@NVIMS
-def test_nvim_related_says_why_there_is_nothing(make_daemon, nvim_name, tmp_path):
-    """:RagdRelated on a note whose vectors are still to come said "no related notes" and
-    dropped the daemon's reason ("no vectors for this note yet"). A source is added while the
-    bulk embedding engine is stopped, so its note waits for its vectors."""
-    nvim = require_nvim(nvim_name)
+@pytest.fixture
+def pending_note(make_daemon, tmp_path):
+    """A daemon with the embedding engine and a note whose vectors are still to come: a
+    source added while the bulk embedding engine is stopped. Yields (daemon, note)."""
     vault = small_vault(tmp_path / "vault")
     d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}],
                     extra=engine_config())
+    d.vault = vault
     other = tmp_path / "Docs2"
     other.mkdir()
     note = other / "Lighthouse.md"
@@ -190,16 +189,26 @@ def test_nvim_related_says_why_there_is_nothing(make_daemon, nvim_name, tmp_path
             d.wait_idle()
             want = d.call("related", path=str(note), k=5)
             assert want["results"] == [] and want["reason"], want
-            got = run_nvim(nvim, f"""
-                require('ragd').setup({{ socket = {lua_str(str(d.socket))}, picker = 'select',
-                                         timeout_ms = 30000 }})
-                vim.cmd('edit ' .. vim.fn.fnameescape({lua_str(str(note))}))
-                vim.cmd('RagdRelated')
-                wait_for(function() return #notices > 0 end, 30000, 'a notice')
-                result.offered = offered ~= nil
-            """, tmp_path / "nvim")
+            yield d, note
+
+
+@NVIMS
+def test_nvim_related_says_why_there_is_nothing(pending_note, nvim_name, tmp_path):
+    """:RagdRelated on a note whose vectors are still to come said "no related notes" and
+    dropped the daemon's reason ("no vectors for this note yet")."""
+    nvim = require_nvim(nvim_name)
+    d, note = pending_note
+    reason = d.call("related", path=str(note), k=5)["reason"]
+    got = run_nvim(nvim, f"""
+        require('ragd').setup({{ socket = {lua_str(str(d.socket))}, picker = 'select',
+                                 timeout_ms = 30000 }})
+        vim.cmd('edit ' .. vim.fn.fnameescape({lua_str(str(note))}))
+        vim.cmd('RagdRelated')
+        wait_for(function() return #notices > 0 end, 30000, 'a notice')
+        result.offered = offered ~= nil
+    """, tmp_path / "nvim")
     assert [n["msg"] for n in got["notices"]] == [
-        f"ragd: no related notes for Lighthouse.md ({want['reason']})"]
+        f"ragd: no related notes for Lighthouse.md ({reason})"]
     assert got["offered"] is False
 
 
@@ -211,3 +220,9 @@ def test_obsidian_buffers(daemon, node_tests):  # noqa: F811
 
 def test_obsidian_related(engine_daemon, node_tests):  # noqa: F811
     run_node(node_tests, "new-ops-related.test.mjs", daemon_env(engine_daemon), timeout=300)
+
+
+def test_obsidian_related_pane_says_why_there_is_nothing(pending_note, node_tests):  # noqa: F811
+    """The pane said "No related notes." and dropped the daemon's reason."""
+    d, note = pending_note
+    run_node(node_tests, "related-pending.test.mjs", daemon_env(d, {"note": str(note)}))

@@ -71,7 +71,7 @@ def test_client_against_the_daemon(daemon, node_tests):
 
 def test_view_models_for_the_daemons_replies(daemon, node_tests):
     out = run_node(node_tests, "models.test.mjs", daemon_env(daemon))
-    assert "ℹ pass 6" in out
+    assert "ℹ pass 7" in out
 
 
 def test_reconnect_after_a_restart(daemon, node_tests):
