@@ -15,7 +15,7 @@ test("the related pane says why a note has no related notes yet", async () => {
 		assert.deepEqual(reply.results, []);
 		assert.ok(reply.reason, "the daemon gives a reason");
 		const view = relatedView(reply, null, env.vault, "Lighthouse");
-		assert.deepEqual(view, { items: [], message: `No related notes: ${reply.reason!}` });
+		assert.deepEqual(view, { items: [], message: `No related notes: ${reply.reason}` });
 	} finally {
 		c.stop();
 	}
