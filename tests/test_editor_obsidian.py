@@ -117,7 +117,7 @@ def test_lint_applies_the_plugin_review_rules():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     report = json.loads(r.stdout)
     linted = {os.path.relpath(f["filePath"], OBSIDIAN) for f in report}
-    assert {"src/main.ts", "src/client.ts", "test/helpers.ts",
+    assert {"src/main.ts", "src/client.ts", "test/helpers.ts", "test/run.mjs",
             "version-bump.mjs", "esbuild.config.mjs", "eslint.config.mts"} <= linted, linted
     assert sum(f["errorCount"] for f in report) == 0
     probe = (OBSIDIAN / "src" / "render.ts").read_text() + '\nconsole.log("probe");\n'
@@ -156,6 +156,26 @@ def test_npm_version_bumps_the_manifest_and_versions(tmp_path):
                        env={k: v for k, v in os.environ.items() if not k.startswith("npm_")},
                        timeout=60)
     assert r.returncode == 2 and "npm version" in r.stderr  # by hand: said, nothing written
+
+
+def test_npm_test_on_its_own_runs_through_pytest_or_says_why_not(tmp_path):
+    """`npm test` by hand failed 19 of 22 tests: they need the daemon pytest starts. It runs
+    them through pytest now (here one that needs no daemon, for time), and with no Python
+    that has ragd it skips, saying so in one line."""
+    npm()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAGD_TEST_", "PYTEST_"))}
+    r = subprocess.run(["npm", "test", "--silent", "--", "-k", "socket_lookup", "-q",
+                        "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'inner'}"],
+                       cwd=OBSIDIAN, capture_output=True, text=True, timeout=600,
+                       env=dict(env, RAGD_PYTHON=sys.executable))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.startswith(f"npm test: {sys.executable} -m pytest "), r.stdout
+    assert re.search(r"^1 passed, \d+ deselected", r.stdout, re.M), r.stdout
+    r = subprocess.run(["npm", "test", "--silent"], cwd=OBSIDIAN, capture_output=True,
+                       text=True, timeout=120, env=dict(env, RAGD_PYTHON=str(tmp_path / "none")))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.count("\n") == 1 and r.stdout.startswith("npm test: skipped: "), r.stdout
+    assert "need the real ragd" in r.stdout and "RAGD_PYTHON" in r.stdout
 
 
 def test_every_node_test_file_is_run_by_a_test_npm_test_selects():
