@@ -309,6 +309,19 @@ _HIT = _object({
 }, required=("path", "source", "line_start", "line_end", "heading", "score", "text"),
     closed=False)
 
+_SEARCH_HIT = _object({
+    **_HIT["properties"],
+    "title": {"type": "string", "description": "the note's title (a document's own title, "
+                                               "else the file name)"},
+    "match_lines": {"type": "array", "items": _INT,
+                    "description": "the lines of the passage that hold the query's words "
+                                   "(file line numbers; for a PDF, its page)"},
+    "matches": {"type": "array", "items": _object({"line": _INT, "text": _STR},
+                                                  required=("line", "text")),
+                "description": "those lines and their text, as in the passage (none for a "
+                               "PDF, whose match_lines are pages)"},
+}, required=_HIT["required"], closed=False)
+
 SEARCH_OUT = _object({
     "query": _STR,
     "mode": {"type": "string", "description": "the ranking actually used"},
@@ -321,26 +334,47 @@ SEARCH_OUT = _object({
     "low_confidence": {"type": "boolean",
                        "description": "the notes probably do not answer this: treat the "
                                       "results as weak"},
-    "results": {"type": "array", "items": _HIT},
+    "reranked": {"type": "boolean", "description": "the order is the cross-encoder's"},
+    "rerank_reason": {"type": "string", "description": "why a rerank wanted (rerank: true, or "
+                                                       "the daemon's default) did not happen"},
+    "results": {"type": "array", "items": _SEARCH_HIT},
 }, required=("query", "mode", "degraded", "results"), closed=False)
 
 
 def run_search(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     wanted = {name: args[name] for name in SEARCH_ARGS if name in args}
     res = daemon.call(call, "search", timeout=CALL_TIMEOUT + wanted.get("wait", 0), **wanted)
-    hits = [{key: r[key] for key in _HIT["properties"] if key in r} for r in res["results"]]
+    hits = []
+    for r in res["results"]:
+        hit = {key: r[key] for key in _SEARCH_HIT["properties"] if key in r}
+        hit["matches"] = _matches(r)
+        hits.append(hit)
     out = {"query": res["query"], "mode": res["mode"], "degraded": bool(res.get("degraded")),
            "reason": res.get("reason"), "results": hits}
-    for key in ("confidence", "low_confidence"):  # only what the daemon gave
+    # only what the daemon gave: rerank_reason says why a rerank wanted (asked for, or the
+    # daemon's default with a reranker configured) did not happen, e.g. no reranker at all
+    for key in ("confidence", "low_confidence", "reranked", "rerank_reason"):
         if key in res:
             out[key] = res[key]
     return out, search_text(out)
+
+
+def _matches(r: dict) -> list[dict]:
+    """The passage's lines that hold the query's words (the daemon's match_lines), with their
+    text. A PDF's range counts pages: its match_lines name a page, not a line of `text`."""
+    if r["path"].lower().endswith(".pdf"):
+        return []
+    lines = r["text"].split("\n")
+    return [{"line": n, "text": lines[n - r["line_start"]]} for n in r.get("match_lines") or ()
+            if 0 <= n - r["line_start"] < len(lines)]
 
 
 def search_text(out: dict) -> str:
     lines = []
     if out["degraded"]:
         lines.append(f"(keyword search only: {out['reason'] or 'the embedding engine is down'})")
+    if out.get("rerank_reason"):
+        lines.append(f"(not reranked: {out['rerank_reason']})")
     if not out["results"]:
         why = out["reason"] if out["reason"] and not out["degraded"] else "nothing matched"
         lines.append(f"No results for {out['query']!r} ({why}).")
@@ -353,12 +387,21 @@ def search_text(out: dict) -> str:
     n = len(out["results"])
     lines.append(f"{n} result{'s' * (n != 1)} for {out['query']!r} ({out['mode']}):")
     for i, h in enumerate(out["results"], 1):
-        head = f" — {h['heading']}" if h["heading"] else ""
+        # the heading path starts with the note's title; a document's own title (a PEP's
+        # Title: header) may differ from it
+        name = h.get("title") or ""
+        heading = h["heading"] or ""
+        head = heading if heading.startswith(name) else \
+            f"{name} — {heading}" if heading else name
         stale = "" if not h.get("stale") else \
             "  (file changed since indexed: lines may have moved)" if os.path.exists(h["path"]) \
             else "  (file gone from disk since indexed)"
-        lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']}{head}  "
-                      f"(score {h['score']:.4g}){stale}", h["text"]]
+        lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']}"
+                      f"{' — ' + head if head else ''}  (score {h['score']:.4g}){stale}"]
+        if h.get("matches"):
+            lines += ["matching lines:"] + [f"  {m['line']}: {m['text'].strip()}"
+                                            for m in h["matches"]] + ["passage:"]
+        lines.append(h["text"])
     return "\n".join(lines)
 
 
@@ -547,7 +590,8 @@ def related_text(out: dict) -> str:
 TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("search", "Search notes and documents",
          "Search the user's notes and documents indexed by ragd. Returns passages with their "
-         "file path, line range, heading path and score, best first.",
+         "file path, line range, note title, heading path, score and the lines that hold the "
+         "query's words, best first.",
          _object(SEARCH_ARGS, required=("query",)), SEARCH_OUT, run_search),
     Tool("get", "Read a file or lines of it",
          "Read a file of an indexed source as it is now on disk, whole or a line range (e.g. "

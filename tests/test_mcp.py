@@ -20,7 +20,8 @@ import anyio
 import jsonschema
 import pytest
 
-from conftest import bulk_embedding_stopped, engine_config, small_vault, wait_embedded
+from conftest import (BM25_ONLY, RERANK_MODEL, bulk_embedding_stopped, engine_config,
+                      small_vault, wait_embedded)
 
 MODERN = "2026-07-28"
 PHRASE = "markdown-backed Kanban boards"
@@ -638,3 +639,70 @@ def test_search_text_says_why_a_reply_is_weak_and_when_a_file_is_gone(tmp_path):
     assert text.count("(file gone from disk since indexed)") == 1
     out.update(confidence=0.1)
     assert "few of the query's distinctive words" in mcp.search_text(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# What each tool tells an agent
+
+def test_search_hits_carry_the_title_and_the_matching_lines(daemon, vault, tmp_path):
+    """Each hit has its note's title and the lines that hold the query's words (the daemon's
+    match_lines), with their text as in the file; the readable text shows both."""
+    direct = daemon.call("search", query=PHRASE, k=3, mode="bm25")["results"]
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        schema = tool_schemas(m.result("tools/list", meta())["tools"])["search"]
+        res = m.call("search", {"query": PHRASE, "k": 3, "mode": "bm25"}, modern=True)
+        out = res["structuredContent"]
+        jsonschema.validate(out, schema["outputSchema"])
+        text = text_of(res)
+        assert m.close() == 0
+    assert [h["path"] for h in out["results"]] == [r["path"] for r in direct]
+    assert direct[0]["match_lines"], direct[0]
+    for h, r in zip(out["results"], direct):
+        assert h["title"] == r["title"] and h["match_lines"] == r["match_lines"]
+        lines = Path(h["path"]).read_text(encoding="utf-8").split("\n")
+        assert h["matches"] == [{"line": n, "text": lines[n - 1]} for n in r["match_lines"]]
+        assert all(PHRASE.split()[1].lower() in x["text"].lower() or "kanban" in
+                   x["text"].lower() or "board" in x["text"].lower() for x in h["matches"])
+    top = out["results"][0]
+    assert top["title"] == "Kanban Plugin"
+    block = text.split(f"[1] {top['path']}:")[1].split("\n[2] ")[0]
+    assert block.splitlines()[1] == "matching lines:"
+    for x in top["matches"]:
+        assert f"  {x['line']}: {x['text'].strip()}" in block
+
+
+def test_rerank_wanted_without_a_reranker_is_said(daemon, tmp_path):
+    """rerank: true on a daemon with no reranker was silently ignored: the result says it was
+    not reranked and why (the daemon's rerank_reason), in its text too."""
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        m.initialize()
+        res = m.call("search", {"query": PHRASE, "k": 3, "rerank": True})
+        out = res["structuredContent"]
+        assert res["isError"] is False and out["results"]
+        assert out["reranked"] is False
+        assert out["rerank_reason"] == "no reranker is configured"
+        assert text_of(res).splitlines()[0] == "(not reranked: no reranker is configured)"
+        res = m.call("search", {"query": PHRASE, "k": 3})  # not asked for: nothing to say
+        assert "rerank_reason" not in res["structuredContent"]
+        assert "reranked" not in text_of(res)
+        assert m.close() == 0
+
+
+def test_rerank_with_the_real_reranker(make_daemon, vault, tmp_path):
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "obsidian"}],
+                    extra=BM25_ONLY + f'[reranker]\nmodel = "{RERANK_MODEL}"\n'
+                                      f'budget_ms = 120000\n')  # (the machine may be busy)
+    with d:
+        d.wait_idle()
+        deadline = time.monotonic() + 60
+        while d.call("status")["engines"]["reranker"]["state"] != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with Mcp("--config", d.config, tmp=tmp_path) as m:
+            res = m.call("search", {"query": PHRASE, "k": 3, "rerank": True}, modern=True)
+            out = res["structuredContent"]
+            assert res["isError"] is False and out["results"]
+            assert out["reranked"] is True and "rerank_reason" not in out
+            assert "not reranked" not in text_of(res)
+            assert m.close() == 0
+
