@@ -417,6 +417,10 @@ GET_ARGS: dict[str, dict] = {
                  "description": "Last line, inclusive (default: the end of the file)."},
 }
 
+# At most this much text per get: a whole file came back as one 76k-character result, more of
+# an agent's context than a read should take. The rest is asked for by line range.
+GET_MAX_CHARS = 20_000
+
 GET_OUT = _object({
     "path": {"type": "string", "description": "the file's real path"},
     "source": _STR,
@@ -425,8 +429,14 @@ GET_OUT = _object({
                                                    "file)"},
     "lines_total": {"type": "integer", "description": "lines in the file (pages for a PDF)"},
     "text": _STR,
-    "truncated": {"type": "boolean", "description": "cut at the size limit: ask again from "
-                                                    "line_end + 1 for the rest"},
+    "truncated": {"type": "boolean", "description": f"cut at {GET_MAX_CHARS:,} characters: "
+                                                    f"'rest' is the range still to read"},
+    "rest": {**_object({"line_start": _INT, "line_end": _INT},
+                       required=("line_start", "line_end")),
+             "description": "when truncated, the lines (pages) of the range asked for that "
+                            "were not sent: ask for them, or a part of them"},
+    "line_cut": {"type": "boolean", "description": "the one line sent is longer than the "
+                                                   "limit and was cut"},
     "unit": {"type": "string", "enum": ["line", "page"]},
 }, required=("path", "source", "line_start", "line_end", "lines_total", "text", "truncated"),
     closed=False)
@@ -442,12 +452,39 @@ def run_get(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     out = {k: res.get(k) for k in ("path", "source", "line_start", "line_end", "lines_total",
                                    "text", "truncated", "unit")}
     unit = out["unit"] or "line"
+    # the end of what was asked for: the daemon's own cut (256 KiB) leaves some of it unsent
+    end = min(end, out["lines_total"]) if end is not None else out["lines_total"]
+    line_cut = bool(res.get("line_cut"))
+    if len(out["text"]) > GET_MAX_CHARS:
+        out["text"], sent, line_cut = _cut(out["text"], "\f" if unit == "page" else "\n")
+        out["line_end"] = out["line_start"] + sent - 1
+        out["truncated"] = True
     head = (f"{out['path']} ({unit}s {out['line_start']}-{out['line_end']} of "
             f"{out['lines_total']})")
-    if out["truncated"]:
-        head += (f"; cut at the size limit, continue with "
-                 f"{out['path']}:{out['line_end'] + 1}")
+    note = ""
+    if line_cut:
+        out["line_cut"] = True
+        note = (f"{unit} {out['line_end']} is longer than {GET_MAX_CHARS:,} characters: only "
+                f"its start is sent. ")
+    if out["truncated"] and out["line_end"] < end:
+        out["rest"] = {"line_start": out["line_end"] + 1, "line_end": end}
+        rest = f"{out['line_end'] + 1}-{end}"
+        note += (f"Truncated: {unit}s {out['line_start']}-{out['line_end']} sent; ask for "
+                 f"{unit}s {rest} (path '{out['path']}:{rest}') for the rest, or a part of "
+                 f"them.")
+    if note:  # before the text and after it: a reader of either end sees it
+        return out, f"{head}\n[{note.strip()}]\n\n{out['text']}\n\n[{note.strip()}]"
     return out, f"{head}\n\n{out['text']}"
+
+
+def _cut(text: str, sep: str) -> tuple[str, int, bool]:
+    """(text, lines kept, whether the one line kept was cut): the whole lines (pages) of
+    `text` that fit in GET_MAX_CHARS; a first line longer than that, cut."""
+    kept = text[:GET_MAX_CHARS + 1]
+    at = kept.rfind(sep)
+    if at < 0:
+        return text[:GET_MAX_CHARS], 1, True
+    return kept[:at], kept[:at].count(sep) + 1, False
 
 
 _SOURCE = _object({
@@ -595,7 +632,9 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
          _object(SEARCH_ARGS, required=("query",)), SEARCH_OUT, run_search),
     Tool("get", "Read a file or lines of it",
          "Read a file of an indexed source as it is now on disk, whole or a line range (e.g. "
-         "around a search result). Files outside the configured sources are refused.",
+         f"around a search result), at most {GET_MAX_CHARS:,} characters a call: a longer text "
+         "is cut after the last whole line that fits, and the result says which lines to ask "
+         "for next ('rest'). Files outside the configured sources are refused.",
          _object(GET_ARGS, required=("path",)), GET_OUT, run_get),
     Tool("status", "Index status",
          "What ragd indexes and how fresh it is: sources with their file and chunk counts, "

@@ -706,3 +706,53 @@ def test_rerank_with_the_real_reranker(make_daemon, vault, tmp_path):
             assert "not reranked" not in text_of(res)
             assert m.close() == 0
 
+def test_get_caps_a_long_file_and_says_which_lines_to_ask_for(daemon, vault, tmp_path):
+    """get with no range returned a whole 76k-character file. A reply holds at most
+    GET_MAX_CHARS characters of whole lines; the rest is named as a range to ask for, and
+    asking for it, range after range, gives back the whole file."""
+    from ragctl.mcp import GET_MAX_CHARS
+
+    big = vault / "Big.md"
+    lines = [f"line {i}: " + "lorem ipsum dolor sit amet " * 3 for i in range(1, 2501)]
+    big.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert len(big.read_text()) > 3 * GET_MAX_CHARS
+    wide = vault / "Wide.md"
+    wide.write_text("w" * (GET_MAX_CHARS + 5000) + "\nsecond line\n", encoding="utf-8")
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        m.initialize()
+        schema = tool_schemas(m.result("tools/list")["tools"])["get"]
+        res = m.call("get", {"path": str(big)})
+        out = res["structuredContent"]
+        jsonschema.validate(out, schema["outputSchema"])
+        n = out["line_end"]
+        assert out["truncated"] is True and 1 < n < 2500 and out["lines_total"] == 2500
+        assert len(out["text"]) <= GET_MAX_CHARS and out["text"] == "\n".join(lines[:n])
+        assert len("\n".join(lines[:n + 1])) > GET_MAX_CHARS  # as many whole lines as fit
+        assert out["rest"] == {"line_start": n + 1, "line_end": 2500}
+        note = (f"[Truncated: lines 1-{n} sent; ask for lines {n + 1}-2500 (path "
+                f"'{big}:{n + 1}-2500') for the rest, or a part of them.]")
+        text = text_of(res)
+        assert text.splitlines()[1] == note and text.endswith("\n\n" + note)
+        got = [out["text"]]
+        while "rest" in out:  # as an agent follows the note
+            rest = out["rest"]
+            out = m.call("get", {"path": f"{big}:{rest['line_start']}-{rest['line_end']}"}
+                         )["structuredContent"]
+            assert out["line_start"] == rest["line_start"] and len(out["text"]) <= GET_MAX_CHARS
+            got.append(out["text"])
+        assert "\n".join(got) == "\n".join(lines) and len(got) >= 4
+        # a range that fits: as asked, and nothing said
+        res = m.call("get", {"path": str(big), "line_start": 10, "line_end": 12})
+        assert res["structuredContent"]["truncated"] is False
+        assert "rest" not in res["structuredContent"] and "Truncated" not in text_of(res)
+        assert res["structuredContent"]["text"] == "\n".join(lines[9:12])
+        # one line longer than a reply: its start, said, then the next line
+        res = m.call("get", {"path": str(wide)})
+        out = res["structuredContent"]
+        assert out["line_cut"] is True and out["truncated"] is True and out["line_end"] == 1
+        assert out["text"] == "w" * GET_MAX_CHARS and out["rest"] == {"line_start": 2,
+                                                                       "line_end": 2}
+        assert f"line 1 is longer than {GET_MAX_CHARS:,} characters" in text_of(res)
+        assert m.call("get", {"path": f"{wide}:2"})["structuredContent"]["text"] == "second line"
+        assert m.close() == 0
+
