@@ -843,9 +843,9 @@ class Server:
             check(tool.input_schema, args, "arguments")
         except BadArguments as e:
             if era == "2025-06-18":  # that revision makes invalid arguments a protocol error
-                raise RpcError(INVALID_PARAMS, f"{name}: {e}") from None
+                raise RpcError(INVALID_PARAMS, _said_by(name, str(e))) from None
             self.send({"jsonrpc": "2.0", "id": req_id,
-                       "result": _stamp(_tool_error(f"{name}: {e}"), era)})
+                       "result": _stamp(_tool_error(name, str(e)), era)})
             return
         key, call = _id_key(req_id), Call()
         with self._inflight_lock:
@@ -857,8 +857,8 @@ class Server:
                 self._inflight[key] = call
         if busy:
             self.send({"jsonrpc": "2.0", "id": req_id, "result": _stamp(_tool_error(
-                f"{name}: {MAX_PENDING} tool calls are already in flight; try again when some "
-                f"have answered"), era)})
+                name, f"{MAX_PENDING} tool calls are already in flight; try again when some "
+                      f"have answered"), era)})
             return
         # The call waits for a slot in its own thread, never the reader: with every slot taken
         # (ragd slow or stopped), a ping or a cancellation was read only once a call timed out.
@@ -888,7 +888,7 @@ class Server:
                 result = {"content": [{"type": "text", "text": text}],
                           "structuredContent": structured, "isError": False}
             except ToolError as e:
-                result = _tool_error(str(e))
+                result = _tool_error(tool.name, str(e))
             return {"jsonrpc": "2.0", "id": req_id, "result": _stamp(result, era)}
         except Exception as e:  # a bug here: say so, keep serving
             log.exception("tool %s failed", tool.name)
@@ -938,8 +938,14 @@ def _error(req_id: Any, code: int, message: str, data: Any = None) -> dict:
     return {"jsonrpc": "2.0", "id": req_id, "error": err}
 
 
-def _tool_error(message: str) -> dict:
-    return {"content": [{"type": "text", "text": message}], "isError": True}
+def _said_by(tool: str, message: str) -> str:
+    """Every failure of a tool starts with its name, as the daemon's own errors start with
+    their op's (the same names): "search: no source named 'x'", "get: ragd is not running"."""
+    return message if message.startswith(f"{tool}: ") else f"{tool}: {message}"
+
+
+def _tool_error(tool: str, message: str) -> dict:
+    return {"content": [{"type": "text", "text": _said_by(tool, message)}], "isError": True}
 
 
 def _stamp(result: dict, era: str) -> dict:

@@ -280,8 +280,8 @@ def test_tool_errors_while_ragd_is_not_running(make_daemon, vault, tmp_path):
                            ("related", {"path": str(vault / NOTE)})):
             res = m.call(tool, args)
             assert res["isError"] is True and "structuredContent" not in res
-            assert text_of(res) == (f"ragd is not running (no daemon at {d.socket}). Start it "
-                                    f"with 'ragctl start', then call this tool again.")
+            assert text_of(res) == (f"{tool}: ragd is not running (no daemon at {d.socket}). "
+                                    f"Start it with 'ragctl start', then call this tool again.")
         assert m.result("tools/list")["tools"]  # the server itself goes on
         with d:  # ragd comes up: the next call finds it, without restarting the bridge
             d.wait_idle()
@@ -706,6 +706,7 @@ def test_rerank_with_the_real_reranker(make_daemon, vault, tmp_path):
             assert "not reranked" not in text_of(res)
             assert m.close() == 0
 
+
 def test_get_caps_a_long_file_and_says_which_lines_to_ask_for(daemon, vault, tmp_path):
     """get with no range returned a whole 76k-character file. A reply holds at most
     GET_MAX_CHARS characters of whole lines; the rest is named as a range to ask for, and
@@ -756,3 +757,24 @@ def test_get_caps_a_long_file_and_says_which_lines_to_ask_for(daemon, vault, tmp
         assert m.call("get", {"path": f"{wide}:2"})["structuredContent"]["text"] == "second line"
         assert m.close() == 0
 
+
+def test_every_tool_error_starts_with_the_tools_name(daemon, vault, tmp_path):
+    """One prefix style for every failure a tool reports, as the daemon's errors start with
+    their op: "<tool>: …". (The bridge's own said nothing of the tool: "give either 'path'…",
+    "ragd is not running …".)"""
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        m.initialize()
+        cases = [("search", {"query": "x", "sources": ["nope"]}, "no source named 'nope'"),
+                 ("search", {"query": "x", "k": 0}, "'k' must be at least 1, got 0"),
+                 ("get", {"path": "/etc/passwd"}, "not inside a configured source"),
+                 ("get", {"path": f"{vault / NOTE}:9999"}, "past the end"),
+                 ("related", {}, "give either 'path' (a note) or 'text' (a passage)"),
+                 ("related", {"path": str(vault / NOTE)}, "no vectors"),
+                 ("status", {"x": 1}, "unknown argument(s) 'x'")]
+        for tool, args, said in cases:
+            res = m.call(tool, args)
+            text = text_of(res)
+            assert res["isError"] is True and said in text, (tool, args, text)
+            assert text.startswith(f"{tool}: ") and not text.startswith(f"{tool}: {tool}:"), \
+                text
+        assert m.close() == 0
