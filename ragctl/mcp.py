@@ -77,7 +77,8 @@ INSTRUCTIONS = (
     "ragd searches the user's own notes and documents on this machine (Obsidian vaults and "
     "folders), kept up to date as files change. Call `search` first (keywords and meaning, "
     "fused); every hit gives a file path and a line range. Call `get` with `path:START-END` "
-    "to read a hit with what surrounds it, or a whole file. `related` finds the notes closest "
+    "to read a hit with what surrounds it, or a whole file (a long one comes in parts: each "
+    "result names the lines to ask for next). `related` finds the notes closest "
     "to a note (or a passage). `status` lists the sources (their names restrict `search`) and "
     "says whether indexing has caught up.")
 

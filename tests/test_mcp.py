@@ -720,8 +720,9 @@ def test_get_caps_a_long_file_and_says_which_lines_to_ask_for(daemon, vault, tmp
     wide = vault / "Wide.md"
     wide.write_text("w" * (GET_MAX_CHARS + 5000) + "\nsecond line\n", encoding="utf-8")
     with Mcp("--config", daemon.config, tmp=tmp_path) as m:
-        m.initialize()
+        assert "a long one comes in parts" in m.initialize()["instructions"]
         schema = tool_schemas(m.result("tools/list")["tools"])["get"]
+        assert f"at most {GET_MAX_CHARS:,} characters a call" in schema["description"]
         res = m.call("get", {"path": str(big)})
         out = res["structuredContent"]
         jsonschema.validate(out, schema["outputSchema"])
