@@ -190,6 +190,9 @@ def pending_note(make_daemon, tmp_path):
             want = d.call("related", path=str(note), k=5)
             assert want["results"] == [] and want["reason"], want
             yield d, note
+        # The engine goes on (SIGCONT) with the batch it held, and ragd's stop waits for that
+        # batch: on a busy machine longer than the 10 s the daemon fixture's own stop allows.
+        d.stop(120)
 
 
 @NVIMS
