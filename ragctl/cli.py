@@ -8,6 +8,7 @@ here is the ``<op>`` on the wire.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -1020,13 +1021,57 @@ class _Parser(argparse.ArgumentParser):
         print(message, file=sys.stderr)
         raise SystemExit(2)
 
+    _commands = None  # the subparsers action, once added
+
+    def add_subparsers(self, **kw):
+        self._commands = super().add_subparsers(**kw)
+        return self._commands
+
+    def parse_args(self, args=None, namespace=None):
+        # argparse says "unrecognized arguments" from the top parser, naming neither the
+        # command nor its options: the command's parser says it here, with the nearest option.
+        args, extra = self.parse_known_args(args, namespace)
+        if extra:
+            where = self._commands.choices.get(args.command, self) if self._commands else self
+            options = [o for a in where._actions for o in a.option_strings]
+            near = next((m[0] for x in extra if x.startswith("-")
+                         for m in [difflib.get_close_matches(x.split("=")[0], options, n=1)]
+                         if m), None)
+            where.error(f"unrecognized arguments: {' '.join(extra)}"
+                        + (f"; did you mean `{near}`?" if near else ""))
+        return args
+
+    def _check_value(self, action, value):
+        # A typo'd command or choice gets the nearest one named (argparse's own suggestion
+        # is 3.14's, and off by default); the error stays one line.
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            choices = [str(c) for c in action.choices]
+            near = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f"; did you mean `{near[0]}`?" if near else ""
+            if isinstance(action, argparse._SubParsersAction):  # (-h lists the commands)
+                raise argparse.ArgumentError(None, f"unknown command {str(value)!r}{hint}"
+                                             ) from None
+            raise argparse.ArgumentError(action, f"invalid choice {str(value)!r}{hint} "
+                                                 f"(choose from {', '.join(choices)})") from None
+
+
+class _Commands(argparse._SubParsersAction):
+    """Each command's one-line help is also the description its own --help starts with."""
+
+    def add_parser(self, name, **kw):
+        kw.setdefault("description", kw.get("help"))
+        return super().add_parser(name, **kw)
+
 
 def parser() -> argparse.ArgumentParser:
     common = _common(top=False)
     ap = _Parser(prog="ragctl", parents=[_common(top=True)],
                  description="Talk to the ragd retrieval daemon.")
     ap.add_argument("--version", action="version", version=f"ragctl {_version()}")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", action=_Commands,
+                            help="`ragctl COMMAND -h` for its options")
 
     p = sub.add_parser("start", parents=[common], help="start ragd in the background")
     p.add_argument("--source", metavar="PATH", action="append", default=[],
@@ -1036,14 +1081,17 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=do_start)
     p = sub.add_parser("service", parents=[common],
                        help="run ragd as a user service (systemd, launchd): install, uninstall")
-    p.add_argument("action", choices=["install", "uninstall"])
+    p.add_argument("action", choices=["install", "uninstall"],
+                   help="install: write the unit and start it; uninstall: stop it and remove it")
     p.add_argument("--no-start", action="store_true",
                    help="install: only write the unit file")
     p.set_defaults(func=do_service)
     p = sub.add_parser("eval", parents=[common],
                        help="retrieval quality on your own questions (JSON lines: question, "
                             "relevant)")
-    p.add_argument("files", nargs="+", metavar="QUESTIONS.jsonl")
+    p.add_argument("files", nargs="+", metavar="QUESTIONS.jsonl",
+                   help="JSON lines of {\"question\", \"relevant\": [paths in a source], "
+                        "\"kind\"}")
     p.add_argument("--mode", choices=["hybrid", "vector", "bm25", "all"], default=None,
                    help="ranking (default: the daemon's; all: each in turn)")
     p.add_argument("--source", action="append", metavar="NAME",
@@ -1057,7 +1105,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=do_stop)
     p = sub.add_parser("status", parents=[common], help="what ragd is doing and holds")
     p.set_defaults(func=do_status)
-    p = sub.add_parser("search", parents=[common], help="search the index")
+    p = sub.add_parser("search", parents=[common],
+                       help="search the notes: by their words and their meaning, best first")
     p.add_argument("query", nargs="+", help="free text (quotes optional); \"quoted phrases\" "
                    "stay phrases")
     p.add_argument("-k", type=int, help="number of results (default: search.k in the config)")
@@ -1111,7 +1160,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=do_reindex)
     p = sub.add_parser("sources", parents=[common],
                        help="list the sources; 'sources add PATH', 'sources remove NAME'")
-    p.add_argument("action", nargs="?", choices=["list", "add", "remove"], default="list")
+    p.add_argument("action", nargs="?", choices=["list", "add", "remove"], default="list",
+                   help="list (default), add a folder, or remove a source")
     p.add_argument("path", nargs="?", metavar="PATH|NAME",
                    help="add: the folder; remove: the source's name")
     p.add_argument("--name", help="add: the source's name (default: the folder's name)")
@@ -1120,8 +1170,9 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=do_sources)
     p = sub.add_parser("files", parents=[common],
                        help="every file ragd has seen: status, reason, chunks")
-    p.add_argument("--source", metavar="NAME")
-    p.add_argument("--status", choices=["indexed", "skipped", "failed"])
+    p.add_argument("--source", metavar="NAME", help="only the files of this source")
+    p.add_argument("--status", choices=["indexed", "skipped", "failed"],
+                   help="only the files in this state (skipped and failed say why)")
     p.set_defaults(func=do_files)
     p = sub.add_parser("watch", parents=[common], help="print index events as they happen")
     p.set_defaults(func=do_watch)
@@ -1131,8 +1182,10 @@ def parser() -> argparse.ArgumentParser:
                    help="only those unused for at least H hours (default: [gc] grace_hours)")
     p.set_defaults(func=do_gc)
     p = sub.add_parser("models", parents=[common],
-                       help="list models; 'models pull NAME' downloads one")
-    p.add_argument("action", nargs="?", choices=["list", "pull", "use"], default="list")
+                       help="list models; 'models pull NAME' downloads one, 'models use NAME' "
+                            "embeds with it")
+    p.add_argument("action", nargs="?", choices=["list", "pull", "use"], default="list",
+                   help="list (default), pull (download) a model, or use one for embedding")
     p.add_argument("name", nargs="?", help="registry name, or OWNER/REPO/FILE.gguf on the hub "
                    "(pull); a registry name or a .gguf path (use)")
     p.add_argument("--cancel", action="store_true",

@@ -77,7 +77,8 @@ INSTRUCTIONS = (
     "ragd searches the user's own notes and documents on this machine (Obsidian vaults and "
     "folders), kept up to date as files change. Call `search` first (keywords and meaning, "
     "fused); every hit gives a file path and a line range. Call `get` with `path:START-END` "
-    "to read a hit with what surrounds it, or a whole file. `related` finds the notes closest "
+    "to read a hit with what surrounds it, or a whole file (a long one comes in parts: each "
+    "result names the lines to ask for next). `related` finds the notes closest "
     "to a note (or a passage). `status` lists the sources (their names restrict `search`) and "
     "says whether indexing has caught up.")
 
@@ -309,6 +310,19 @@ _HIT = _object({
 }, required=("path", "source", "line_start", "line_end", "heading", "score", "text"),
     closed=False)
 
+_SEARCH_HIT = _object({
+    **_HIT["properties"],
+    "title": {"type": "string", "description": "the note's title (a document's own title, "
+                                               "else the file name)"},
+    "match_lines": {"type": "array", "items": _INT,
+                    "description": "the lines of the passage that hold the query's words "
+                                   "(file line numbers; for a PDF, its page)"},
+    "matches": {"type": "array", "items": _object({"line": _INT, "text": _STR},
+                                                  required=("line", "text")),
+                "description": "those lines and their text, as in the passage (none for a "
+                               "PDF, whose match_lines are pages)"},
+}, required=_HIT["required"], closed=False)
+
 SEARCH_OUT = _object({
     "query": _STR,
     "mode": {"type": "string", "description": "the ranking actually used"},
@@ -321,26 +335,47 @@ SEARCH_OUT = _object({
     "low_confidence": {"type": "boolean",
                        "description": "the notes probably do not answer this: treat the "
                                       "results as weak"},
-    "results": {"type": "array", "items": _HIT},
+    "reranked": {"type": "boolean", "description": "the order is the cross-encoder's"},
+    "rerank_reason": {"type": "string", "description": "why a rerank wanted (rerank: true, or "
+                                                       "the daemon's default) did not happen"},
+    "results": {"type": "array", "items": _SEARCH_HIT},
 }, required=("query", "mode", "degraded", "results"), closed=False)
 
 
 def run_search(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     wanted = {name: args[name] for name in SEARCH_ARGS if name in args}
     res = daemon.call(call, "search", timeout=CALL_TIMEOUT + wanted.get("wait", 0), **wanted)
-    hits = [{key: r[key] for key in _HIT["properties"] if key in r} for r in res["results"]]
+    hits = []
+    for r in res["results"]:
+        hit = {key: r[key] for key in _SEARCH_HIT["properties"] if key in r}
+        hit["matches"] = _matches(r)
+        hits.append(hit)
     out = {"query": res["query"], "mode": res["mode"], "degraded": bool(res.get("degraded")),
            "reason": res.get("reason"), "results": hits}
-    for key in ("confidence", "low_confidence"):  # only what the daemon gave
+    # only what the daemon gave: rerank_reason says why a rerank wanted (asked for, or the
+    # daemon's default with a reranker configured) did not happen, e.g. no reranker at all
+    for key in ("confidence", "low_confidence", "reranked", "rerank_reason"):
         if key in res:
             out[key] = res[key]
     return out, search_text(out)
+
+
+def _matches(r: dict) -> list[dict]:
+    """The passage's lines that hold the query's words (the daemon's match_lines), with their
+    text. A PDF's range counts pages: its match_lines name a page, not a line of `text`."""
+    if r["path"].lower().endswith(".pdf"):
+        return []
+    lines = r["text"].split("\n")
+    return [{"line": n, "text": lines[n - r["line_start"]]} for n in r.get("match_lines") or ()
+            if 0 <= n - r["line_start"] < len(lines)]
 
 
 def search_text(out: dict) -> str:
     lines = []
     if out["degraded"]:
         lines.append(f"(keyword search only: {out['reason'] or 'the embedding engine is down'})")
+    if out.get("rerank_reason"):
+        lines.append(f"(not reranked: {out['rerank_reason']})")
     if not out["results"]:
         why = out["reason"] if out["reason"] and not out["degraded"] else "nothing matched"
         lines.append(f"No results for {out['query']!r} ({why}).")
@@ -353,12 +388,21 @@ def search_text(out: dict) -> str:
     n = len(out["results"])
     lines.append(f"{n} result{'s' * (n != 1)} for {out['query']!r} ({out['mode']}):")
     for i, h in enumerate(out["results"], 1):
-        head = f" — {h['heading']}" if h["heading"] else ""
+        # the heading path starts with the note's title; a document's own title (a PEP's
+        # Title: header) may differ from it
+        name = h.get("title") or ""
+        heading = h["heading"] or ""
+        head = heading if heading.startswith(name) else \
+            f"{name} — {heading}" if heading else name
         stale = "" if not h.get("stale") else \
             "  (file changed since indexed: lines may have moved)" if os.path.exists(h["path"]) \
             else "  (file gone from disk since indexed)"
-        lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']}{head}  "
-                      f"(score {h['score']:.4g}){stale}", h["text"]]
+        lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']}"
+                      f"{' — ' + head if head else ''}  (score {h['score']:.4g}){stale}"]
+        if h.get("matches"):
+            lines += ["matching lines:"] + [f"  {m['line']}: {m['text'].strip()}"
+                                            for m in h["matches"]] + ["passage:"]
+        lines.append(h["text"])
     return "\n".join(lines)
 
 
@@ -374,6 +418,10 @@ GET_ARGS: dict[str, dict] = {
                  "description": "Last line, inclusive (default: the end of the file)."},
 }
 
+# At most this much text per get: a whole file came back as one 76k-character result, more of
+# an agent's context than a read should take. The rest is asked for by line range.
+GET_MAX_CHARS = 20_000
+
 GET_OUT = _object({
     "path": {"type": "string", "description": "the file's real path"},
     "source": _STR,
@@ -382,8 +430,14 @@ GET_OUT = _object({
                                                    "file)"},
     "lines_total": {"type": "integer", "description": "lines in the file (pages for a PDF)"},
     "text": _STR,
-    "truncated": {"type": "boolean", "description": "cut at the size limit: ask again from "
-                                                    "line_end + 1 for the rest"},
+    "truncated": {"type": "boolean", "description": f"cut at {GET_MAX_CHARS:,} characters: "
+                                                    f"'rest' is the range still to read"},
+    "rest": {**_object({"line_start": _INT, "line_end": _INT},
+                       required=("line_start", "line_end")),
+             "description": "when truncated, the lines (pages) of the range asked for that "
+                            "were not sent: ask for them, or a part of them"},
+    "line_cut": {"type": "boolean", "description": "the one line sent is longer than the "
+                                                   "limit and was cut"},
     "unit": {"type": "string", "enum": ["line", "page"]},
 }, required=("path", "source", "line_start", "line_end", "lines_total", "text", "truncated"),
     closed=False)
@@ -399,12 +453,39 @@ def run_get(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     out = {k: res.get(k) for k in ("path", "source", "line_start", "line_end", "lines_total",
                                    "text", "truncated", "unit")}
     unit = out["unit"] or "line"
+    # the end of what was asked for: the daemon's own cut (256 KiB) leaves some of it unsent
+    end = min(end, out["lines_total"]) if end is not None else out["lines_total"]
+    line_cut = bool(res.get("line_cut"))
+    if len(out["text"]) > GET_MAX_CHARS:
+        out["text"], sent, line_cut = _cut(out["text"], "\f" if unit == "page" else "\n")
+        out["line_end"] = out["line_start"] + sent - 1
+        out["truncated"] = True
     head = (f"{out['path']} ({unit}s {out['line_start']}-{out['line_end']} of "
             f"{out['lines_total']})")
-    if out["truncated"]:
-        head += (f"; cut at the size limit, continue with "
-                 f"{out['path']}:{out['line_end'] + 1}")
+    note = ""
+    if line_cut:
+        out["line_cut"] = True
+        note = (f"{unit} {out['line_end']} is longer than {GET_MAX_CHARS:,} characters: only "
+                f"its start is sent. ")
+    if out["truncated"] and out["line_end"] < end:
+        out["rest"] = {"line_start": out["line_end"] + 1, "line_end": end}
+        rest = f"{out['line_end'] + 1}-{end}"
+        note += (f"Truncated: {unit}s {out['line_start']}-{out['line_end']} sent; ask for "
+                 f"{unit}s {rest} (path '{out['path']}:{rest}') for the rest, or a part of "
+                 f"them.")
+    if note:  # before the text and after it: a reader of either end sees it
+        return out, f"{head}\n[{note.strip()}]\n\n{out['text']}\n\n[{note.strip()}]"
     return out, f"{head}\n\n{out['text']}"
+
+
+def _cut(text: str, sep: str) -> tuple[str, int, bool]:
+    """(text, lines kept, whether the one line kept was cut): the whole lines (pages) of
+    `text` that fit in GET_MAX_CHARS; a first line longer than that, cut."""
+    kept = text[:GET_MAX_CHARS + 1]
+    at = kept.rfind(sep)
+    if at < 0:
+        return text[:GET_MAX_CHARS], 1, True
+    return kept[:at], kept[:at].count(sep) + 1, False
 
 
 _SOURCE = _object({
@@ -555,11 +636,14 @@ def related_text(out: dict) -> str:
 TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("search", "Search notes and documents",
          "Search the user's notes and documents indexed by ragd. Returns passages with their "
-         "file path, line range, heading path and score, best first.",
+         "file path, line range, note title, heading path, score and the lines that hold the "
+         "query's words, best first.",
          _object(SEARCH_ARGS, required=("query",)), SEARCH_OUT, run_search),
     Tool("get", "Read a file or lines of it",
          "Read a file of an indexed source as it is now on disk, whole or a line range (e.g. "
-         "around a search result). Files outside the configured sources are refused.",
+         f"around a search result), at most {GET_MAX_CHARS:,} characters a call: a longer text "
+         "is cut after the last whole line that fits, and the result says which lines to ask "
+         "for next ('rest'). Files outside the configured sources are refused.",
          _object(GET_ARGS, required=("path",)), GET_OUT, run_get),
     Tool("status", "Index status",
          "What ragd indexes and how fresh it is: sources with their file and chunk counts, "
@@ -768,9 +852,9 @@ class Server:
             check(tool.input_schema, args, "arguments")
         except BadArguments as e:
             if era == "2025-06-18":  # that revision makes invalid arguments a protocol error
-                raise RpcError(INVALID_PARAMS, f"{name}: {e}") from None
+                raise RpcError(INVALID_PARAMS, _said_by(name, str(e))) from None
             self.send({"jsonrpc": "2.0", "id": req_id,
-                       "result": _stamp(_tool_error(f"{name}: {e}"), era)})
+                       "result": _stamp(_tool_error(name, str(e)), era)})
             return
         key, call = _id_key(req_id), Call()
         with self._inflight_lock:
@@ -782,8 +866,8 @@ class Server:
                 self._inflight[key] = call
         if busy:
             self.send({"jsonrpc": "2.0", "id": req_id, "result": _stamp(_tool_error(
-                f"{name}: {MAX_PENDING} tool calls are already in flight; try again when some "
-                f"have answered"), era)})
+                name, f"{MAX_PENDING} tool calls are already in flight; try again when some "
+                      f"have answered"), era)})
             return
         # The call waits for a slot in its own thread, never the reader: with every slot taken
         # (ragd slow or stopped), a ping or a cancellation was read only once a call timed out.
@@ -813,7 +897,7 @@ class Server:
                 result = {"content": [{"type": "text", "text": text}],
                           "structuredContent": structured, "isError": False}
             except ToolError as e:
-                result = _tool_error(str(e))
+                result = _tool_error(tool.name, str(e))
             return {"jsonrpc": "2.0", "id": req_id, "result": _stamp(result, era)}
         except Exception as e:  # a bug here: say so, keep serving
             log.exception("tool %s failed", tool.name)
@@ -863,8 +947,14 @@ def _error(req_id: Any, code: int, message: str, data: Any = None) -> dict:
     return {"jsonrpc": "2.0", "id": req_id, "error": err}
 
 
-def _tool_error(message: str) -> dict:
-    return {"content": [{"type": "text", "text": message}], "isError": True}
+def _said_by(tool: str, message: str) -> str:
+    """Every failure of a tool starts with its name, as the daemon's own errors start with
+    their op's (the same names): "search: no source named 'x'", "get: ragd is not running"."""
+    return message if message.startswith(f"{tool}: ") else f"{tool}: {message}"
+
+
+def _tool_error(tool: str, message: str) -> dict:
+    return {"content": [{"type": "text", "text": _said_by(tool, message)}], "isError": True}
 
 
 def _stamp(result: dict, era: str) -> dict:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import engine_config, small_vault, wait_embedded
+from conftest import bulk_embedding_stopped, engine_config, ragctl, small_vault, wait_embedded
 from editors import expected_line, lua_str, require_nvim, run_nvim
 from test_editor_obsidian import daemon_env, node_tests, run_node  # noqa: F401 (a fixture)
 
@@ -169,6 +169,52 @@ def test_nvim_related_command(engine_daemon, nvim_name, tmp_path):
     assert len(got["scratch"]) > 0
 
 
+@pytest.fixture
+def pending_note(make_daemon, tmp_path):
+    """A daemon with the embedding engine and a note whose vectors are still to come: a
+    source added while the bulk embedding engine is stopped. Yields (daemon, note)."""
+    vault = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}],
+                    extra=engine_config())
+    d.vault = vault
+    other = tmp_path / "Docs2"
+    other.mkdir()
+    note = other / "Lighthouse.md"
+    note.write_text("# Lighthouse\n\nThe keeper cleans the lamp every Tuesday.\n")
+    with d:
+        d.wait_idle()
+        with bulk_embedding_stopped(d):
+            r = ragctl("--config", d.config, "sources", "add", str(other))
+            assert r.returncode == 0, r.stderr
+            d.wait_idle()
+            want = d.call("related", path=str(note), k=5)
+            assert want["results"] == [] and want["reason"], want
+            yield d, note
+        # The engine goes on (SIGCONT) with the batch it held, and ragd's stop waits for that
+        # batch: on a busy machine longer than the 10 s the daemon fixture's own stop allows.
+        d.stop(120)
+
+
+@NVIMS
+def test_nvim_related_says_why_there_is_nothing(pending_note, nvim_name, tmp_path):
+    """:RagdRelated on a note whose vectors are still to come said "no related notes" and
+    dropped the daemon's reason ("no vectors for this note yet")."""
+    nvim = require_nvim(nvim_name)
+    d, note = pending_note
+    reason = d.call("related", path=str(note), k=5)["reason"]
+    got = run_nvim(nvim, f"""
+        require('ragd').setup({{ socket = {lua_str(str(d.socket))}, picker = 'select',
+                                 timeout_ms = 30000 }})
+        vim.cmd('edit ' .. vim.fn.fnameescape({lua_str(str(note))}))
+        vim.cmd('RagdRelated')
+        wait_for(function() return #notices > 0 end, 30000, 'a notice')
+        result.offered = offered ~= nil
+    """, tmp_path / "nvim")
+    assert [n["msg"] for n in got["notices"]] == [
+        f"ragd: no related notes for Lighthouse.md ({reason})"]
+    assert got["offered"] is False
+
+
 # ----- Obsidian -------------------------------------------------------------------------------
 
 def test_obsidian_buffers(daemon, node_tests):  # noqa: F811
@@ -177,3 +223,9 @@ def test_obsidian_buffers(daemon, node_tests):  # noqa: F811
 
 def test_obsidian_related(engine_daemon, node_tests):  # noqa: F811
     run_node(node_tests, "new-ops-related.test.mjs", daemon_env(engine_daemon), timeout=300)
+
+
+def test_obsidian_related_pane_says_why_there_is_nothing(pending_note, node_tests):  # noqa: F811
+    """The pane said "No related notes." and dropped the daemon's reason."""
+    d, note = pending_note
+    run_node(node_tests, "related-pending.test.mjs", daemon_env(d, {"note": str(note)}))

@@ -5,6 +5,7 @@ buffer_set, buffer_drop and related are in test_editor_new_ops.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -12,7 +13,7 @@ import threading
 import pytest
 
 from conftest import small_vault
-from editors import expected_line, lua_str, require_nvim, run_nvim
+from editors import NVIM_PLUGIN, expected_line, lua_str, require_nvim, run_nvim
 from ragd import protocol as P
 
 QUERY = "custom statuses"
@@ -307,3 +308,51 @@ def test_choosing_a_result_keeps_a_modified_buffer(daemon, nvim_name, tmp_path):
     assert got["file"] == want["path"] and got["line"] == expected_line(want)
     assert got["windows"] == 2 and got["scratch"] == ["unsaved words"]
     assert got["notices"] == []
+
+
+def test_quickfix_says_why_nothing_was_found(daemon, nvim_name, tmp_path):
+    """:RagdQuickfix with nothing found gave a bare "nothing found"; it says the daemon's
+    reason now, as :Ragd does."""
+    nvim = require_nvim(nvim_name)
+    query = "xyzzyplugh quuxfrob"
+    want = daemon.call("search", query=query, k=20)
+    assert want["results"] == [] and want["reason"].startswith("nothing relevant"), want
+    got = run_nvim(nvim, f"""
+        require('ragd').setup({{ socket = {lua_str(str(daemon.socket))}, picker = 'select' }})
+        vim.cmd('RagdQuickfix {query}')
+        wait_for(function() return #notices > 0 end, 10000, 'a notice')
+        vim.cmd('Ragd {query}')
+        wait_for(function() return #notices > 1 end, 10000, 'a second notice')
+        result.qf = #vim.fn.getqflist()
+        result.offered = offered ~= nil
+    """, tmp_path / "nvim")
+    said = f'ragd: nothing found for "{query}" ({want["reason"]})'
+    assert [n["msg"] for n in got["notices"]] == [said, said]
+    assert got["qf"] == 0 and got["offered"] is False
+
+
+def test_help_ragd_opens_the_plugins_help(nvim_name, tmp_path):
+    """`:help ragd` failed with E149: no doc/tags was shipped and no *ragd* tag written. The
+    tags ship now, and they are what :helptags makes of the doc as it is (a doc edited without
+    making them again fails here)."""
+    nvim = require_nvim(nvim_name)
+    fresh = tmp_path / "doc"
+    shutil.copytree(NVIM_PLUGIN / "doc", fresh)
+    (fresh / "tags").unlink()
+    topics = ["ragd", ":Ragd", ":RagdQuickfix", ":RagdRelated", "ragd.setup()", "ragd-buffers"]
+    got = run_nvim(nvim, f"""
+        result.topics = {{}}
+        for _, topic in ipairs(vim.json.decode({lua_str(__import__('json').dumps(topics))})) do
+          local ok, err = pcall(vim.cmd, 'help ' .. topic)
+          result.topics[topic] = ok and {{ file = vim.fn.expand('%:p'),
+                                          line = vim.api.nvim_get_current_line() }}
+                                    or {{ err = err }}
+          if ok then vim.cmd('helpclose') end
+        end
+        vim.cmd('helptags ' .. vim.fn.fnameescape({lua_str(str(fresh))}))
+    """, tmp_path / "nvim")
+    for topic in topics:
+        where = got["topics"][topic]
+        assert where.get("file") == str(NVIM_PLUGIN / "doc" / "ragd.txt"), (topic, where)
+        assert f"*{topic}*" in where["line"], (topic, where)
+    assert (fresh / "tags").read_text() == (NVIM_PLUGIN / "doc" / "tags").read_text()

@@ -71,7 +71,7 @@ def test_client_against_the_daemon(daemon, node_tests):
 
 def test_view_models_for_the_daemons_replies(daemon, node_tests):
     out = run_node(node_tests, "models.test.mjs", daemon_env(daemon))
-    assert "ℹ pass 6" in out
+    assert "ℹ pass 7" in out
 
 
 def test_reconnect_after_a_restart(daemon, node_tests):
@@ -105,3 +105,95 @@ def test_socket_lookup_agrees_with_ragd(node_tests, tmp_path, monkeypatch):
         want = P.socket_path(cli_socket=setting or None, env=env)
         cases.append({"name": name, "setting": setting, "env": env, "want": str(want)})
     run_node(node_tests, "socket.test.mjs", {"RAGD_TEST_EXPECT": json.dumps({"socket_cases": cases})})
+
+
+def test_lint_applies_the_plugin_review_rules():
+    """`npm run lint`: ESLint with eslint-plugin-obsidianmd's recommended rules (those of
+    Obsidian's plugin review), as the sample plugin has, over the plugin, its tests and its
+    scripts: no error. And the rules bite: a console.log added to a source file is one."""
+    npm()
+    r = subprocess.run(["npm", "run", "--silent", "lint", "--", "--format", "json"],
+                       cwd=OBSIDIAN, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    report = json.loads(r.stdout)
+    linted = {os.path.relpath(f["filePath"], OBSIDIAN) for f in report}
+    assert {"src/main.ts", "src/client.ts", "test/helpers.ts", "test/run.mjs",
+            "version-bump.mjs", "esbuild.config.mjs", "eslint.config.mts"} <= linted, linted
+    assert sum(f["errorCount"] for f in report) == 0
+    probe = (OBSIDIAN / "src" / "render.ts").read_text() + '\nconsole.log("probe");\n'
+    r = subprocess.run([str(OBSIDIAN / "node_modules" / ".bin" / "eslint"), "--stdin",
+                        "--stdin-filename", "src/render.ts", "--format", "json"], input=probe,
+                       cwd=OBSIDIAN, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr
+    errors = [m for f in json.loads(r.stdout) for m in f["messages"] if m["severity"] == 2]
+    assert [m["ruleId"] for m in errors] == ["obsidianmd/rule-custom-message"], errors
+    assert "console" in errors[0]["message"]
+
+
+def test_npm_version_bumps_the_manifest_and_versions(tmp_path):
+    """`npm version X --no-git-tag-version` (the sample plugin's version-bump): package.json,
+    manifest.json and versions.json all take X (versions.json mapping it to the manifest's
+    minAppVersion), and the two files are staged."""
+    npm()
+    work = tmp_path / "plugin"
+    work.mkdir()
+    for name in ("package.json", "manifest.json", "versions.json", "version-bump.mjs"):
+        (work / name).write_bytes((OBSIDIAN / name).read_bytes())
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    min_app = json.loads((OBSIDIAN / "manifest.json").read_text())["minAppVersion"]
+    before = json.loads((OBSIDIAN / "versions.json").read_text())
+    r = subprocess.run(["npm", "version", "9.8.7", "--no-git-tag-version"], cwd=work,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((work / "package.json").read_text())["version"] == "9.8.7"
+    manifest = json.loads((work / "manifest.json").read_text())
+    assert manifest["version"] == "9.8.7" and manifest["minAppVersion"] == min_app
+    assert json.loads((work / "versions.json").read_text()) == {**before, "9.8.7": min_app}
+    staged = subprocess.run(["git", "diff", "--cached", "--name-only"], cwd=work,
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(staged) == ["manifest.json", "versions.json"]
+    r = subprocess.run(["node", "version-bump.mjs"], cwd=work, capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("npm_")},
+                       timeout=60)
+    assert r.returncode == 2 and "npm version" in r.stderr  # by hand: said, nothing written
+
+
+def test_npm_test_on_its_own_runs_through_pytest_or_says_why_not(tmp_path):
+    """`npm test` by hand failed 19 of 22 tests: they need the daemon pytest starts. It runs
+    them through pytest now (here one that needs no daemon, for time), and with no Python
+    that has ragd it skips, saying so in one line."""
+    npm()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAGD_TEST_", "PYTEST_"))}
+    r = subprocess.run(["npm", "test", "--silent", "--", "-k", "socket_lookup", "-q",
+                        "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'inner'}"],
+                       cwd=OBSIDIAN, capture_output=True, text=True, timeout=600,
+                       env=dict(env, RAGD_PYTHON=sys.executable))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.startswith(f"npm test: {sys.executable} -m pytest "), r.stdout
+    assert re.search(r"^1 passed, \d+ deselected", r.stdout, re.M), r.stdout
+    r = subprocess.run(["npm", "test", "--silent"], cwd=OBSIDIAN, capture_output=True,
+                       text=True, timeout=120, env=dict(env, RAGD_PYTHON=str(tmp_path / "none")))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.count("\n") == 1 and r.stdout.startswith("npm test: skipped: "), r.stdout
+    assert "need the real ragd" in r.stdout and "RAGD_PYTHON" in r.stdout
+
+
+def test_every_node_test_file_is_run_by_a_test_npm_test_selects():
+    """npm test runs the pytest tests named *obsidian*: each node test file must be run by one
+    of them (a file no test runs would never run at all)."""
+    import ast
+    from editors import ROOT
+
+    runs: dict[str, set[str]] = {}
+    for module in ("test_editor_obsidian.py", "test_editor_new_ops.py"):
+        tree = ast.parse((ROOT / "tests" / module).read_text())
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "run_node":
+                        name = node.args[1].value
+                        runs.setdefault(name, set()).add(f"{module}::{fn.name}")
+    files = {p.name[:-3] + ".mjs" for p in (OBSIDIAN / "test").glob("*.test.ts")}
+    assert files == set(runs), (files, runs)
+    for name, tests in runs.items():
+        assert all("obsidian" in t for t in tests), (name, tests)

@@ -20,7 +20,8 @@ import anyio
 import jsonschema
 import pytest
 
-from conftest import bulk_embedding_stopped, engine_config, small_vault, wait_embedded
+from conftest import (BM25_ONLY, RERANK_MODEL, bulk_embedding_stopped, engine_config,
+                      small_vault, wait_embedded)
 
 MODERN = "2026-07-28"
 PHRASE = "markdown-backed Kanban boards"
@@ -279,8 +280,8 @@ def test_tool_errors_while_ragd_is_not_running(make_daemon, vault, tmp_path):
                            ("related", {"path": str(vault / NOTE)})):
             res = m.call(tool, args)
             assert res["isError"] is True and "structuredContent" not in res
-            assert text_of(res) == (f"ragd is not running (no daemon at {d.socket}). Start it "
-                                    f"with 'ragctl start', then call this tool again.")
+            assert text_of(res) == (f"{tool}: ragd is not running (no daemon at {d.socket}). "
+                                    f"Start it with 'ragctl start', then call this tool again.")
         assert m.result("tools/list")["tools"]  # the server itself goes on
         with d:  # ragd comes up: the next call finds it, without restarting the bridge
             d.wait_idle()
@@ -638,3 +639,143 @@ def test_search_text_says_why_a_reply_is_weak_and_when_a_file_is_gone(tmp_path):
     assert text.count("(file gone from disk since indexed)") == 1
     out.update(confidence=0.1)
     assert "few of the query's distinctive words" in mcp.search_text(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# What each tool tells an agent
+
+def test_search_hits_carry_the_title_and_the_matching_lines(daemon, vault, tmp_path):
+    """Each hit has its note's title and the lines that hold the query's words (the daemon's
+    match_lines), with their text as in the file; the readable text shows both."""
+    direct = daemon.call("search", query=PHRASE, k=3, mode="bm25")["results"]
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        schema = tool_schemas(m.result("tools/list", meta())["tools"])["search"]
+        res = m.call("search", {"query": PHRASE, "k": 3, "mode": "bm25"}, modern=True)
+        out = res["structuredContent"]
+        jsonschema.validate(out, schema["outputSchema"])
+        text = text_of(res)
+        assert m.close() == 0
+    assert [h["path"] for h in out["results"]] == [r["path"] for r in direct]
+    assert direct[0]["match_lines"], direct[0]
+    for h, r in zip(out["results"], direct):
+        assert h["title"] == r["title"] and h["match_lines"] == r["match_lines"]
+        lines = Path(h["path"]).read_text(encoding="utf-8").split("\n")
+        assert h["matches"] == [{"line": n, "text": lines[n - 1]} for n in r["match_lines"]]
+        assert all(PHRASE.split()[1].lower() in x["text"].lower() or "kanban" in
+                   x["text"].lower() or "board" in x["text"].lower() for x in h["matches"])
+    top = out["results"][0]
+    assert top["title"] == "Kanban Plugin"
+    block = text.split(f"[1] {top['path']}:")[1].split("\n[2] ")[0]
+    assert block.splitlines()[1] == "matching lines:"
+    for x in top["matches"]:
+        assert f"  {x['line']}: {x['text'].strip()}" in block
+
+
+def test_rerank_wanted_without_a_reranker_is_said(daemon, tmp_path):
+    """rerank: true on a daemon with no reranker was silently ignored: the result says it was
+    not reranked and why (the daemon's rerank_reason), in its text too."""
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        m.initialize()
+        res = m.call("search", {"query": PHRASE, "k": 3, "rerank": True})
+        out = res["structuredContent"]
+        assert res["isError"] is False and out["results"]
+        assert out["reranked"] is False
+        assert out["rerank_reason"] == "no reranker is configured"
+        assert text_of(res).splitlines()[0] == "(not reranked: no reranker is configured)"
+        res = m.call("search", {"query": PHRASE, "k": 3})  # not asked for: nothing to say
+        assert "rerank_reason" not in res["structuredContent"]
+        assert "reranked" not in text_of(res)
+        assert m.close() == 0
+
+
+def test_rerank_with_the_real_reranker(make_daemon, vault, tmp_path):
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "obsidian"}],
+                    extra=BM25_ONLY + f'[reranker]\nmodel = "{RERANK_MODEL}"\n'
+                                      f'budget_ms = 120000\n')  # (the machine may be busy)
+    with d:
+        d.wait_idle()
+        deadline = time.monotonic() + 60
+        while d.call("status")["engines"]["reranker"]["state"] != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with Mcp("--config", d.config, tmp=tmp_path) as m:
+            res = m.call("search", {"query": PHRASE, "k": 3, "rerank": True}, modern=True)
+            out = res["structuredContent"]
+            assert res["isError"] is False and out["results"]
+            assert out["reranked"] is True and "rerank_reason" not in out
+            assert "not reranked" not in text_of(res)
+            assert m.close() == 0
+
+
+def test_get_caps_a_long_file_and_says_which_lines_to_ask_for(daemon, vault, tmp_path):
+    """get with no range returned a whole 76k-character file. A reply holds at most
+    GET_MAX_CHARS characters of whole lines; the rest is named as a range to ask for, and
+    asking for it, range after range, gives back the whole file."""
+    from ragctl.mcp import GET_MAX_CHARS
+
+    big = vault / "Big.md"
+    lines = [f"line {i}: " + "lorem ipsum dolor sit amet " * 3 for i in range(1, 2501)]
+    big.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert len(big.read_text()) > 3 * GET_MAX_CHARS
+    wide = vault / "Wide.md"
+    wide.write_text("w" * (GET_MAX_CHARS + 5000) + "\nsecond line\n", encoding="utf-8")
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        assert "a long one comes in parts" in m.initialize()["instructions"]
+        schema = tool_schemas(m.result("tools/list")["tools"])["get"]
+        assert f"at most {GET_MAX_CHARS:,} characters a call" in schema["description"]
+        res = m.call("get", {"path": str(big)})
+        out = res["structuredContent"]
+        jsonschema.validate(out, schema["outputSchema"])
+        n = out["line_end"]
+        assert out["truncated"] is True and 1 < n < 2500 and out["lines_total"] == 2500
+        assert len(out["text"]) <= GET_MAX_CHARS and out["text"] == "\n".join(lines[:n])
+        assert len("\n".join(lines[:n + 1])) > GET_MAX_CHARS  # as many whole lines as fit
+        assert out["rest"] == {"line_start": n + 1, "line_end": 2500}
+        note = (f"[Truncated: lines 1-{n} sent; ask for lines {n + 1}-2500 (path "
+                f"'{big}:{n + 1}-2500') for the rest, or a part of them.]")
+        text = text_of(res)
+        assert text.splitlines()[1] == note and text.endswith("\n\n" + note)
+        got = [out["text"]]
+        while "rest" in out:  # as an agent follows the note
+            rest = out["rest"]
+            out = m.call("get", {"path": f"{big}:{rest['line_start']}-{rest['line_end']}"}
+                         )["structuredContent"]
+            assert out["line_start"] == rest["line_start"] and len(out["text"]) <= GET_MAX_CHARS
+            got.append(out["text"])
+        assert "\n".join(got) == "\n".join(lines) and len(got) >= 4
+        # a range that fits: as asked, and nothing said
+        res = m.call("get", {"path": str(big), "line_start": 10, "line_end": 12})
+        assert res["structuredContent"]["truncated"] is False
+        assert "rest" not in res["structuredContent"] and "Truncated" not in text_of(res)
+        assert res["structuredContent"]["text"] == "\n".join(lines[9:12])
+        # one line longer than a reply: its start, said, then the next line
+        res = m.call("get", {"path": str(wide)})
+        out = res["structuredContent"]
+        assert out["line_cut"] is True and out["truncated"] is True and out["line_end"] == 1
+        assert out["text"] == "w" * GET_MAX_CHARS and out["rest"] == {"line_start": 2,
+                                                                       "line_end": 2}
+        assert f"line 1 is longer than {GET_MAX_CHARS:,} characters" in text_of(res)
+        assert m.call("get", {"path": f"{wide}:2"})["structuredContent"]["text"] == "second line"
+        assert m.close() == 0
+
+
+def test_every_tool_error_starts_with_the_tools_name(daemon, vault, tmp_path):
+    """One prefix style for every failure a tool reports, as the daemon's errors start with
+    their op: "<tool>: …". (The bridge's own said nothing of the tool: "give either 'path'…",
+    "ragd is not running …".)"""
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        m.initialize()
+        cases = [("search", {"query": "x", "sources": ["nope"]}, "no source named 'nope'"),
+                 ("search", {"query": "x", "k": 0}, "'k' must be at least 1, got 0"),
+                 ("get", {"path": "/etc/passwd"}, "not inside a configured source"),
+                 ("get", {"path": f"{vault / NOTE}:9999"}, "past the end"),
+                 ("related", {}, "give either 'path' (a note) or 'text' (a passage)"),
+                 ("related", {"path": str(vault / NOTE)}, "no vectors"),
+                 ("status", {"x": 1}, "unknown argument(s) 'x'")]
+        for tool, args, said in cases:
+            res = m.call(tool, args)
+            text = text_of(res)
+            assert res["isError"] is True and said in text, (tool, args, text)
+            assert text.startswith(f"{tool}: ") and not text.startswith(f"{tool}: {tool}:"), \
+                text
+        assert m.close() == 0

@@ -141,7 +141,7 @@ export class Connection {
 		let msg: { id?: unknown; result?: unknown; error?: { code?: string; message?: string };
 			final?: boolean };
 		try {
-			msg = JSON.parse(line);
+			msg = JSON.parse(line) as typeof msg;
 		} catch {
 			return; // not ours to fix; the request it answered times out
 		}

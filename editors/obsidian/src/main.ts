@@ -40,7 +40,7 @@ export default class RagdPlugin extends Plugin {
 			onPushed: (path) => {
 				if (path === this.activePath()) this.refreshRelated(true);
 			},
-			onUnsupported: (msg) => console.info(`ragd: ${msg}`),
+			onUnsupported: (msg) => console.debug(`ragd: ${msg}`),
 		});
 
 		this.registerView(RELATED_VIEW, (leaf: WorkspaceLeaf) => new RelatedView(leaf, this));

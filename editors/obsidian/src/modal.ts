@@ -22,7 +22,7 @@ export class SearchModal extends SuggestModal<Item> {
 	async getSuggestions(query: string): Promise<Item[]> {
 		const ticket = ++this.latest;
 		// A pause in the typing before asking: no search per keystroke.
-		await new Promise((r) => setTimeout(r, 120));
+		await new Promise((r) => window.setTimeout(r, 120));
 		if (ticket !== this.latest) return [];
 		const { reply, error } = await this.plugin.search(query);
 		const view = searchView(query, reply, error, this.plugin.vaultRoot());

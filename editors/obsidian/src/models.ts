@@ -159,13 +159,22 @@ export function errorText(e: unknown, op: string): string {
 	return `ragd: ${errorMessage(e)}`;
 }
 
+/** What to say for no results: `lead`, then the daemon's reason when it gives one. Its
+ * "nothing relevant: ..." says what a lead would, so it stands alone, as a sentence. */
+function nothing(lead: string, reason: unknown): string {
+	const why = typeof reason === "string" ? reason.trim() : "";
+	if (!why) return `${lead}.`;
+	if (/^nothing relevant\b/i.test(why)) return why[0]!.toUpperCase() + why.slice(1);
+	return `${lead}: ${why}`;
+}
+
 export function searchView(query: string, reply: Reply | null, error: unknown,
 	vaultRoot: string | null): ListView {
 	if (error) return { items: [], message: errorText(error, "this search") };
 	if (!query.trim()) return { items: [], message: null };
 	const list = reply ? items(reply, vaultRoot) : [];
 	if (!list.length) {
-		return { items: [], message: reply?.reason ? `Nothing relevant: ${reply.reason}` : "Nothing found." };
+		return { items: [], message: nothing("Nothing found", reply?.reason) };
 	}
 	const message = reply?.degraded ? "Keyword search only: the embedding engine is not ready." : null;
 	return { items: list, message };
@@ -181,7 +190,7 @@ export function relatedView(reply: Reply | null, error: unknown, vaultRoot: stri
 		return { items: [], message: errorText(error, "related notes") };
 	}
 	const list = reply ? items(reply, vaultRoot) : [];
-	return { items: list, message: list.length ? null : "No related notes." };
+	return { items: list, message: list.length ? null : nothing("No related notes", reply?.reason) };
 }
 
 // ---------------------------------------------------------------------------------------------

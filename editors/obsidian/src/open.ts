@@ -6,7 +6,7 @@ import type { Item } from "./models";
 export async function openItem(app: App, it: Item, newLeaf = false): Promise<void> {
 	const file = it.vaultPath === null ? null : app.vault.getAbstractFileByPath(it.vaultPath);
 	if (!(file instanceof TFile)) {
-		// eslint-disable-next-line @typescript-eslint/no-require-imports
+		// eslint-disable-next-line @typescript-eslint/no-require-imports -- electron is there only at run time, in Obsidian: never bundled, never imported by the tests
 		const { shell } = require("electron") as { shell: { openPath: (p: string) => Promise<string> } };
 		const err = await shell.openPath(it.path);
 		if (err) new Notice(`ragd: cannot open ${it.path}: ${err}`);

@@ -16,7 +16,7 @@ export const env = {
 	get config(): string { return need("RAGD_TEST_CONFIG"); },
 	get python(): string { return need("RAGD_TEST_PYTHON"); },
 	get vault(): string { return need("RAGD_TEST_VAULT"); },
-	get expect(): Record<string, unknown> { return JSON.parse(need("RAGD_TEST_EXPECT")); },
+	get expect(): Record<string, unknown> { return JSON.parse(need("RAGD_TEST_EXPECT")) as Record<string, unknown>; },
 };
 
 export function client(socketPath = env.socket, retryMinMs = 50): RagdClient {

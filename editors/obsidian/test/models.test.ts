@@ -67,11 +67,24 @@ test("search modal: note-level results (title, more, match_lines, unsaved)", asy
 	assert.equal(it.unsaved, true);
 });
 
-test("search modal: nothing found, degraded, errors", () => {
+test("search modal: nothing found, with the daemon's reason said once", async () => {
+	const query = "xyzzyplugh quuxfrob";
+	const none = await call<Reply>("search", { query, k: 5 });
+	assert.equal(none.results!.length, 0);
+	assert.match(none.reason!, /^nothing relevant: \S/);
+	// (it read "Nothing relevant: nothing relevant: ...")
+	assert.deepEqual(searchView(query, none, null, env.vault),
+		{ items: [], message: "N" + none.reason!.slice(1) });
+	const filtered = await call<Reply>("search", { query: "task", path: "Nowhere/*" });
+	assert.equal(filtered.results!.length, 0);
+	assert.deepEqual(searchView("task", filtered, null, env.vault),
+		{ items: [], message: `Nothing found: ${filtered.reason!}` });
+	assert.doesNotMatch(`Nothing found: ${filtered.reason!}`, /nothing relevant/i);
 	assert.deepEqual(searchView("zzz", { results: [] }, null, env.vault),
 		{ items: [], message: "Nothing found." });
-	assert.deepEqual(searchView("zzz", { results: [], reason: "best similarity 0.12 is below 0.3" }, null, null),
-		{ items: [], message: "Nothing relevant: best similarity 0.12 is below 0.3" });
+});
+
+test("search modal: degraded, errors", () => {
 	const degraded = searchView("x", { degraded: true, results: [{ path: "/elsewhere/a.md", line_start: 3, text: "x" }] },
 		null, env.vault);
 	assert.equal(degraded.message, "Keyword search only: the embedding engine is not ready.");
@@ -93,6 +106,8 @@ test("related pane: related results, and what it says instead", () => {
 	assert.equal(it.headingPath, "Styling");
 	assert.equal(it.vaultPath, "How To/Style custom statuses.md");
 	assert.equal(relatedView({ results: [] }, null, env.vault, "n").message, "No related notes.");
+	assert.equal(relatedView({ results: [], reason: "no vectors for this note yet" }, null, env.vault, "n").message,
+		"No related notes: no vectors for this note yet");
 	assert.equal(relatedView(null, null, env.vault, null).message, "Open a note to see its related notes.");
 	assert.equal(relatedView(null, new RagdError("not_found", "no source"), null, "n").message,
 		"This note is not in any of ragd's sources.");

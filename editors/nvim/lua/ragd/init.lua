@@ -214,14 +214,19 @@ end
 
 -- The commands, asynchronous: the editor never waits on the socket.
 
+-- What to say when a reply has no results: the daemon's reason when it gives one (nothing
+-- relevant and why, the filters, no vectors yet), so the notice is not a bare "nothing".
+local function nothing(what, reply)
+  local why = type(reply) == 'table' and reply.reason
+  vim.notify('ragd: ' .. what .. (type(why) == 'string' and (' (' .. why .. ')') or ''),
+    vim.log.levels.INFO)
+end
+
 function M.cmd_search(query)
   M.search(query, {}, function(e, _, reply)
     if e then return notify_err(e) end
     local list = items.from_reply(reply)
-    if #list == 0 then
-      return vim.notify('ragd: nothing found for "' .. query .. '"'
-        .. (reply.reason and (' (' .. reply.reason .. ')') or ''), vim.log.levels.INFO)
-    end
+    if #list == 0 then return nothing('nothing found for "' .. query .. '"', reply) end
     require('ragd.pickers').pick(list, 'ragd: ' .. query, M.open, M.config.picker)
   end)
 end
@@ -232,7 +237,7 @@ function M.cmd_quickfix(query)
     local list = items.from_reply(reply)
     M.quickfix(list, 'ragd: ' .. query)
     if #list == 0 then
-      vim.notify('ragd: nothing found for "' .. query .. '"', vim.log.levels.INFO)
+      nothing('nothing found for "' .. query .. '"', reply)
     elseif M.config.open_quickfix then
       vim.cmd('botright copen')
     end
@@ -248,9 +253,7 @@ function M.cmd_related()
     M.related(buf, {}, function(e, _, reply)
       if e then return notify_err(e) end
       local list = items.from_reply(reply)
-      if #list == 0 then
-        return vim.notify('ragd: no related notes for ' .. name, vim.log.levels.INFO)
-      end
+      if #list == 0 then return nothing('no related notes for ' .. name, reply) end
       require('ragd.pickers').pick(list, 'ragd: related to ' .. name, M.open, M.config.picker)
     end)
   end)

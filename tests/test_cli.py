@@ -1,0 +1,76 @@
+"""ragctl's command line itself: what a wrong one says, and what --help says. The real ragctl
+runs as a subprocess; none of this needs a daemon, except the last test, which checks that a
+typo never reaches the one that runs."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import ragctl
+from ragctl.cli import parser
+
+
+def test_a_typod_command_or_choice_names_the_nearest_one(tmp_path):
+    """One line on stderr (or one JSON object with --json), exit 2, as every wrong command
+    line; a typo gets "did you mean", and something far from every command does not."""
+    r = ragctl("serch", "weekly", "review")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "ragctl: unknown command 'serch'; did you mean `search`? (see `ragctl -h`)\n"
+    r = ragctl("--json", "stauts")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert json.loads(r.stderr) == {
+        "error": "bad_args",
+        "message": "ragctl: unknown command 'stauts'; did you mean `status`? (see `ragctl -h`)"}
+    r = ragctl("xyzzy")
+    assert r.returncode == 2 and r.stderr == "ragctl: unknown command 'xyzzy' (see `ragctl -h`)\n"
+    # a choice of a command, and an option of it
+    r = ragctl("search", "--mode", "hybird", "x")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "invalid choice 'hybird'; did you mean `hybrid`? (choose from hybrid, vector, bm25)" \
+        in r.stderr and r.stderr.startswith("ragctl search: argument --mode: "), r.stderr
+    r = ragctl("sources", "ad", str(tmp_path))
+    assert r.returncode == 2 and "did you mean `add`?" in r.stderr
+    r = ragctl("search", "--mdoe", "bm25", "x")
+    assert r.returncode == 2 and r.stderr == (
+        "ragctl search: unrecognized arguments: --mdoe; did you mean `--mode`? "
+        "(see `ragctl search -h`)\n")
+    r = ragctl("files", "--json", "--sorce", "notes")
+    assert r.returncode == 2 and json.loads(r.stderr)["message"] == (
+        "ragctl files: unrecognized arguments: --sorce notes; did you mean `--source`? "
+        "(see `ragctl files -h`)")
+    r = ragctl("status", "extra")  # not an option: nothing to suggest
+    assert r.returncode == 2 and r.stderr == (
+        "ragctl status: unrecognized arguments: extra (see `ragctl status -h`)\n")
+
+
+def test_every_command_has_a_description_and_every_option_a_help_text():
+    """`ragctl X --help` starts with a line that says what X does (it had only the usage), and
+    no option or argument is listed bare (files --source and --status were)."""
+    ap = parser()
+    commands = ap._commands.choices
+    assert {"search", "files", "get", "status", "sources", "models"} <= set(commands)
+    listed = {a.dest: a.help for a in ap._commands._choices_actions}
+    for name, p in commands.items():
+        bare = [a.option_strings or a.dest for a in p._actions if not a.help]
+        assert not bare, f"ragctl {name}: no help text for {bare}"
+        r = ragctl(name, "--help")
+        assert r.returncode == 0, (name, r.stderr)
+        usage, description = r.stdout.split("\n\n")[:2]
+        assert usage.startswith(f"usage: ragctl {name} ")
+        assert listed[name] and " ".join(description.split()) == listed[name], (name, r.stdout)
+    top = ragctl("--help").stdout
+    assert "`ragctl COMMAND -h` for its options" in top
+    r = ragctl("files", "--help")
+    assert "only the files of this source" in r.stdout
+    assert "only the files in this state" in r.stdout
+
+
+def test_a_typo_reaches_no_daemon(make_daemon):
+    """A running daemon is not asked anything for a wrong command line: the reply is
+    ragctl's own, at once, and ragd goes on."""
+    with make_daemon() as d:
+        r = ragctl("--config", d.config, "stop", "--now")
+        assert r.returncode == 2 and "unrecognized arguments: --now" in r.stderr
+        r = ragctl("--config", d.config, "stpo")
+        assert r.returncode == 2 and "did you mean `stop`?" in r.stderr
+        assert d.proc.poll() is None and d.call("ping")["pid"] == d.proc.pid
