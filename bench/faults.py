@@ -116,7 +116,7 @@ def case_socket(args, tmp: Path) -> dict:
         hammer(d.socket, args.clients, args.seconds)
         time.sleep(1.1)
         before = rss_mb(d.proc.pid)
-        frames = fuzz_frames(args.frames, seed=args.seed)
+        frames = fuzz_frames(args.frames, seed=args.seed, inside=vault)
         t = time.monotonic()
         out = send_fuzz(d.socket, frames)
         fuzz_s = time.monotonic() - t

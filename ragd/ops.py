@@ -835,6 +835,18 @@ def _absolute(op: str, path: str) -> None:
     if not os.path.isabs(os.path.expanduser(path)):
         raise OpError(P.BAD_ARGS, f"{op}: path must be absolute (as search results give it), "
                       f"got {path!r}")
+    # No file can have such a name (NAME_MAX, PATH_MAX), and the OS calls that resolve it
+    # raise ENAMETOOLONG: said here as the bad argument it is (it was an internal error).
+    longest = max(path.split("/"), key=lambda part: len(part.encode("utf-8", "surrogateescape")))
+    if (n := len(longest.encode("utf-8", "surrogateescape"))) > NAME_MAX:
+        raise OpError(P.BAD_ARGS, f"{op}: a name in the path is {n} bytes long; a file or "
+                      f"folder name is at most {NAME_MAX} bytes")
+    if (n := len(path.encode("utf-8", "surrogateescape"))) >= PATH_MAX:
+        raise OpError(P.BAD_ARGS, f"{op}: the path is {n} bytes long; a path is under "
+                      f"{PATH_MAX} bytes")
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes, as Linux (and macOS: 255, 1024) file systems allow
 
 
 FILES_PAGE_MAX = 10000

@@ -383,13 +383,20 @@ def test_the_engine_killed_during_embedding_is_restarted_and_nothing_is_lost(mak
 
 # -- the socket -----------------------------------------------------------------------------------
 
-def fuzz_values(rng: random.Random):
+def fuzz_values(rng: random.Random, inside: Path | None = None):
+    """Wrong-typed and hostile values; with `inside` (a source's folder) also paths within it
+    that no file system can hold: a name over 255 bytes, a path over 4096 (each was an
+    `internal` error: ENAMETOOLONG)."""
     deep = []
     for _ in range(200):
         deep = [deep]
-    return [None, True, False, 0, -1, 2**63 - 1, 2**64 - 1, -2**63, 1.5, float("nan"),
-            float("inf"), "", "x" * 100000, "\x00", "../../etc/passwd", b"\xff\xfe", [], [1, "a"],
-            ["no such source"], {}, {"a": {"b": [1]}}, deep, rng.random()]
+    values = [None, True, False, 0, -1, 2**63 - 1, 2**64 - 1, -2**63, 1.5, float("nan"),
+              float("inf"), "", "x" * 100000, "\x00", "../../etc/passwd", b"\xff\xfe", [],
+              [1, "a"], ["no such source"], {}, {"a": {"b": [1]}}, deep, rng.random()]
+    if inside is not None:
+        values += [f"{inside}/{'x' * 256}.md", f"{inside}/{'é' * 130}/a.md",
+                   f"{inside}/" + "/".join(["folder"] * 700) + "/a.md"]
+    return values
 
 
 FUZZ_OPS = [op for op in ARGS if op not in ("stop", "events", "models_pull", "wait")]
@@ -400,13 +407,13 @@ def _frame(msg) -> bytes:
     return P.HEADER.pack(len(body)) + body
 
 
-def fuzz_frames(n: int, seed: int = 1) -> list[tuple[bytes, bool]]:
+def fuzz_frames(n: int, seed: int = 1, inside: Path | None = None) -> list[tuple[bytes, bool]]:
     """(bytes, a reply is due): every op with every wrong-typed value for each argument, then
     random bytes, truncated frames, deep and huge msgpack, non-requests and broken JSON lines
     up to n. (stop, events, models_pull and wait are left out: they stop, stream, reach the
-    network or block by design.)"""
+    network or block by design.) `inside`: a source's folder, for paths within it."""
     rng = random.Random(seed)
-    values = fuzz_values(rng)
+    values = fuzz_values(rng, inside)
     frames: list[tuple[bytes, bool]] = []
     for op in FUZZ_OPS:
         for arg in ARGS[op]:
@@ -551,7 +558,7 @@ def test_fuzzed_frames_and_many_clients_never_hurt_the_daemon(make_daemon, tmp_p
         hammer(d.socket, 50, 2.0)
         time.sleep(1.1)  # the memory given back after a burst (at most once a second)
         before = rss_kb(d.proc.pid)
-        frames = fuzz_frames(1500)
+        frames = fuzz_frames(1500, inside=tmp_path / "vaults" / "obsidian-tasks-docs")
         out = send_fuzz(d.socket, frames)
         assert out["replies"] == sum(due for _, due in frames) and out["errors"] > 1000, out
         n, errors = hammer(d.socket, 50, 5.0)

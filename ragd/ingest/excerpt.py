@@ -9,6 +9,7 @@ Lines are counted the way the chunker counts them (``text.split("\\n")``), so a 
 
 from __future__ import annotations
 
+import errno
 import os
 import unicodedata
 from pathlib import Path
@@ -55,9 +56,15 @@ def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
         raise Refused(P.FORBIDDEN, f"get: {path} is not inside a configured source (sources: "
                       f"{', '.join(str(s.root) for s in all_sources) or 'none'})")
     source = max(holders, key=lambda s: len(s.root.parts))  # the innermost of nested sources
-    if real == source.root or real.is_dir():
+    try:
+        folder = real == source.root or real.is_dir()
+        is_file = not folder and real.is_file()
+    except OSError as e:  # a name too long for the file system, a folder we may not enter
+        code = P.BAD_ARGS if e.errno == errno.ENAMETOOLONG else P.NOT_FOUND
+        raise Refused(code, f"get: {path}: {e.strerror}") from None
+    if folder:
         raise Refused(P.NOT_FOUND, f"get: {path} is a folder, not a file")
-    if not real.is_file():  # (before the rules: 'note.md:abc', a bad range, is no file)
+    if not is_file:  # (before the rules: 'note.md:abc', a bad range, is no file)
         raise Refused(P.NOT_FOUND, f"get: no file {path}")
     rel = real.relative_to(source.root).as_posix()
     if not sources.Rules(source).wanted(rel):
