@@ -361,6 +361,7 @@ class Ops:
         t0 = time.perf_counter()
         if not query.strip():
             raise OpError(P.BAD_ARGS, "search: empty query")
+        _bounded("search", "query", query)
         if group not in ("note", "chunk"):
             raise OpError(P.BAD_ARGS, f"search: 'group' must be note or chunk, got {group!r}")
         if not 0 <= wait <= 60:
@@ -757,6 +758,7 @@ class Ops:
         """A grounded answer from the notes: retrieval as search does, then the generator
         answers from the notes found alone, citing them (ragd/search/ask.py). Streams the
         notes used and the answer's text, then the answer with its citations."""
+        _bounded("ask", "question", question)
         return ask.ask(self, question, k, max_tokens, sources, path, tag)
 
     @property
@@ -847,6 +849,21 @@ def _absolute(op: str, path: str) -> None:
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # bytes, as Linux (and macOS: 255, 1024) file systems allow
+
+
+# The longest query: past it a search costs seconds of BM25 over every word and of matching
+# lines, for nothing (the embedding model reads its first 256 tokens). 1 MB took 24 s on
+# obsidian-hub; 8 KiB about 0.5 s.
+MAX_QUERY_BYTES = 8192
+MAX_QUERY_WORDS = 1000
+
+
+def _bounded(op: str, name: str, text: str) -> None:
+    size, words = len(text.encode("utf-8")), len(text.split())
+    if size > MAX_QUERY_BYTES or words > MAX_QUERY_WORDS:
+        raise OpError(P.BAD_ARGS, f"{op}: the {name} is {size} bytes, {words} words; at most "
+                      f"{MAX_QUERY_BYTES} bytes and {MAX_QUERY_WORDS} words (for the notes "
+                      f"most like a passage, use related with its text)")
 
 
 FILES_PAGE_MAX = 10000

@@ -600,3 +600,29 @@ def test_a_hung_engine_is_found_and_replaced(make_daemon, tmp_path):
             os.kill(pid, 0)  # the hung one is gone, not orphaned
         res = d.call("search", query="make a task repeat", mode="hybrid")
         assert not res["degraded"] and res["results"]
+
+
+def test_a_huge_query_is_refused_at_once(make_daemon, tmp_path):
+    """A 1 MB query (a pasted file) is a bad argument answered at once: it cost 24 s of BM25 and
+    line matching on obsidian-hub, holding a core. One at the bounds still answers."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}])
+    with d:
+        d.wait_idle()
+        text = " ".join(p.read_text() for p in sorted(root.rglob("*.md")))
+        huge = (text * (1 + (1 << 20) // len(text)))[:1 << 20]
+        words = ("recurring task " * 600).strip()  # 1,200 words in 9 KB
+        with d.client() as c:
+            for query, op, arg in ((huge, "search", "query"), (words, "search", "query"),
+                                   ("é" * 4097, "search", "query"), (huge, "ask", "question")):
+                t0 = time.monotonic()
+                with pytest.raises(P.DaemonError) as e:
+                    c.call(op, **{arg: query})
+                assert time.monotonic() - t0 < 2.0
+                assert e.value.code == P.BAD_ARGS and "at most 8192 bytes and 1000 words" in \
+                    e.value.message, e.value.message
+                assert f"the {arg} is {len(query.encode())} bytes" in e.value.message
+            at_bounds = " ".join(text.split()[:1000])[:8192]
+            res = c.call("search", query=at_bounds, mode="bm25")
+            assert res["results"] and res["query_chars"] == len(at_bounds)
+        no_restarts(d.call("status"))
