@@ -171,6 +171,7 @@ class Ops:
         self.request_stop = request_stop
         self.reload = reload
         self.reload_failed: str | None = None  # why the last reload failed (until one works)
+        self.notices: list[str] = []  # found at start, shown in status' hints (an open data dir)
         self.reads = ReadPool(cfg.db_path)
         self.vectors = vectors if vectors is not None else VectorStore(cfg.data_dir)
         self.embedding = embedding  # index/switch.py: the embedder(s), a model switch
@@ -210,7 +211,7 @@ class Ops:
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self._engines_status()
-        hints = sorted(self.indexer.hints) + self.cfg.overlaps
+        hints = sorted(self.indexer.hints) + self.cfg.overlaps + self.notices
         if self.reload_failed:
             hints.insert(0, self.reload_failed)
         per_source = []

@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import sqlite3
+import stat
 import struct
 import subprocess
 import threading
@@ -626,3 +627,50 @@ def test_a_huge_query_is_refused_at_once(make_daemon, tmp_path):
             res = c.call("search", query=at_bounds, mode="bm25")
             assert res["results"] and res["query_chars"] == len(at_bounds)
         no_restarts(d.call("status"))
+
+
+# -- other users ----------------------------------------------------------------------------------
+
+def _open_to_others(top: Path) -> list[str]:
+    out = []
+    for folder, dirs, files in os.walk(top):
+        for p in [folder, *(os.path.join(folder, f) for f in files)]:
+            if os.path.basename(p) != "models" and "/models/" not in p \
+                    and os.lstat(p).st_mode & 0o077:
+                out.append(f"{p} {os.lstat(p).st_mode & 0o777:o}")
+    return out
+
+
+def test_what_ragd_writes_is_private_whatever_the_umask(make_daemon, tmp_path):
+    """Started with umask 000 on a data dir that exists as 0755, holding an index and a log an
+    older ragd left 0644: every file ragd writes there (index, WAL, tantivy index, logs) ends
+    up its user's alone, and status warns that the data dir itself is open. (Before: the index
+    was created 0644, readable by any user.) A data dir ragd creates is 0700, with no warning."""
+    root = small_vault(tmp_path / "vault")
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    os.chmod(data, 0o755)
+    old = sqlite3.connect(data / "index.sqlite3")  # an index of an older ragd, 0644
+    old.execute("PRAGMA user_version = 0")
+    old.close()
+    (data / "ragd.log").write_text("an older ragd's log\n")
+    for f in ("index.sqlite3", "ragd.log"):
+        os.chmod(data / f, 0o644)
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    wrap=["sh", "-c", 'umask 000 && exec "$@"', "sh"])
+    with d:
+        st = d.wait_idle()
+        assert d.call("search", query="recurring", mode="bm25")["results"]
+        assert (data / "index.sqlite3-wal").exists() and (data / "bm25").is_dir()
+        assert _open_to_others(data) == [f"{data} 755"]
+        hint = [h for h in st["hints"] if "open to other users" in h]
+        assert hint and f"chmod 700 {data}" in hint[0], st["hints"]
+    assert "is open to other users (mode 755)" in (data / "ragd.log").read_text()
+    # a data dir of its own making: private, nothing to say
+    fresh = tmp_path / "fresh"
+    (tmp_path / "config.toml").write_text((tmp_path / "config.toml").read_text().replace(
+        f'data_dir = "{data}"', f'data_dir = "{fresh}"'))
+    with d:
+        st = d.wait_idle()
+        assert _open_to_others(fresh) == [] and not any("open to other" in h for h in st["hints"])
+        assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o700
