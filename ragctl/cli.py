@@ -101,13 +101,17 @@ def do_start(args) -> int:
         return 0
     if args.source:  # the config is the truth: the folders go into it, then ragd starts
         _add_sources(args, args.source, running=False)
-    cmd = [sys.executable, "-m", "ragd", "--background"]
+    # -P: the current folder is not put on sys.path, so a folder named ragd in it (a checkout)
+    # cannot shadow the installed package ("cannot import name '__version__' from 'ragd'").
+    cmd = [sys.executable, "-P", "-m", "ragd", "--background"]
     found = P.find_config(args.config)  # named on the command line: whose daemon it is
     if found is not None:
         cmd += ["--config", os.path.abspath(found)]
     with tempfile.TemporaryFile() as err:
+        # cwd "/": a daemon does not keep the folder it was started from busy (a disk that
+        # could not be unmounted); every path it is given is absolute
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, start_new_session=True)
+                                stderr=err, start_new_session=True, cwd="/")
         deadline = time.monotonic() + START_TIMEOUT
         delay = 0.01
         while time.monotonic() < deadline:

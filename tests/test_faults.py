@@ -17,6 +17,7 @@ import sqlite3
 import stat
 import struct
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -674,3 +675,35 @@ def test_what_ragd_writes_is_private_whatever_the_umask(make_daemon, tmp_path):
         st = d.wait_idle()
         assert _open_to_others(fresh) == [] and not any("open to other" in h for h in st["hints"])
         assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o700
+
+
+# -- where ragd is started from -------------------------------------------------------------------
+
+def test_ragctl_start_from_a_folder_holding_a_folder_named_ragd(make_daemon, tmp_path):
+    """`ragctl start` in a folder that holds a folder named ragd (a checkout, a project): the
+    daemon started as `python -m ragd` imported that folder ("cannot import name '__version__'
+    from 'ragd'") and never came up. It starts, with its working folder at /, and stops."""
+    script = Path(sys.executable).parent / "ragctl"  # as a user runs it: the console script
+    if not script.exists():
+        pytest.fail(f"no ragctl console script beside {sys.executable} (pip install -e .)")
+    d = make_daemon(sources=[{"name": "v", "path": str(small_vault(tmp_path / "vault"))}])
+    here = tmp_path / "project"
+    (here / "ragd").mkdir(parents=True)
+    (here / "ragd" / "__init__.py").write_text("")  # a package that is not ragd
+    (here / "ragd" / "__main__.py").write_text("raise SystemExit('the wrong ragd ran')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGD_")}
+
+    def run(*args):
+        return subprocess.run([str(script), "--config", str(d.config), *args], cwd=here,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    r = run("start")
+    assert r.returncode == 0 and "ragd started" in r.stdout, (r.stdout, r.stderr)
+    try:
+        pid = d.call("ping")["pid"]
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"
+        d.wait_idle()
+        assert d.call("search", query="recurring", mode="bm25")["results"]
+    finally:
+        r = run("stop")
+    assert r.returncode == 0 and "stopped" in r.stdout, (r.stdout, r.stderr)
