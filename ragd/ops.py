@@ -167,6 +167,7 @@ class Ops:
         self.engines = engines
         self.searcher = None  # made below, with the buffers
         self.watcher = None  # set by the daemon once watching starts
+        self.server = None  # set by the runtime: its connections, for status
         self.events = indexer.events
         self.request_stop = request_stop
         self.reload = reload
@@ -238,6 +239,8 @@ class Ops:
             "config": str(self.cfg.path) if self.cfg.path else None,
             "pending": pending, "idle": idle, "indexer": self.indexer.state,
             "sources": per_source, "engines": engines, "hints": hints,
+            "connections": {"open": self.server.connections if self.server else None,
+                            "limit": self.cfg.max_connections},
             "threads": workers.all_status(),
             "store": (self.backend.status() if self.backend is not None
                       else {"backend": "sqlite"}),

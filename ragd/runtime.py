@@ -110,7 +110,8 @@ class Runtime:
         self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,
                        reload=self.reload, vectors=self.vectors, embedding=self.embedding,
                        backend=self.backend, text=self.text)
-        self.server = Server(cfg.socket, self.ops.dispatch, cfg.max_connections)
+        self.server = self.ops.server = Server(cfg.socket, self.ops.dispatch,
+                                               cfg.max_connections)
         self.watcher: Watcher | None = None
 
     def run(self, background: bool) -> int:

@@ -677,6 +677,78 @@ def test_what_ragd_writes_is_private_whatever_the_umask(make_daemon, tmp_path):
         assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o700
 
 
+
+def as_nobody(fn) -> str:
+    """Run fn() in a forked child that has become uid/gid 65534 (nobody); what it returns (a
+    str), or its error."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)
+            out = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out = f"child: {e!r}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return data.decode()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_another_user_is_refused_in_their_encoding(make_daemon, tmp_path):
+    """Another user's JSON-lines client gets the refusal as a JSON line (it was a msgpack frame
+    it could not read), and ragctl as another user prints the reason (it printed "reply for
+    id None, expected 1"). Only the uid check stands in the way: the modes are opened."""
+    import tempfile
+    run = Path(tempfile.mkdtemp(prefix="ragd-peer-", dir="/tmp"))
+    try:
+        d = make_daemon(socket=run / "ragd" / "ragd.sock",
+                        sources=[{"name": "v", "path": str(small_vault(tmp_path / "v"))}])
+        with d:
+            os.chmod(run, 0o711)
+            os.chmod(d.socket.parent, 0o711)
+            os.chmod(d.socket, 0o666)
+
+            def jsonl() -> str:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.settimeout(10)
+                    s.connect(str(d.socket))
+                    s.sendall(b'{"id": 1, "op": "ping"}\n')
+                    data = b""
+                    while chunk := s.recv(4096):
+                        data += chunk
+                return data.decode()
+
+            import json
+            line = as_nobody(jsonl)
+            assert line.endswith("\n") and line.count("\n") == 1, line
+            reply = json.loads(line)
+            assert reply["id"] is None and reply["error"]["code"] == P.FORBIDDEN, reply
+            assert "uid 65534 may not use this daemon" in reply["error"]["message"]
+
+            def ragctl_status() -> str:  # ragctl's own main, as that user
+                import io
+                from ragctl import cli
+                sys.stderr = io.StringIO()
+                rc = cli.main(["--socket", str(d.socket), "status"])
+                return f"{rc} {sys.stderr.getvalue()}"
+
+            out = as_nobody(ragctl_status)
+            assert out.startswith("1 ragctl: uid 65534 may not use this daemon (owned by uid "
+                                  "0) (forbidden)"), out
+            assert d.call("ping")["pid"] == d.proc.pid
+    finally:
+        import shutil
+        shutil.rmtree(run, ignore_errors=True)
+
 # -- where ragd is started from -------------------------------------------------------------------
 
 def test_ragctl_start_from_a_folder_holding_a_folder_named_ragd(make_daemon, tmp_path):
@@ -707,3 +779,93 @@ def test_ragctl_start_from_a_folder_holding_a_folder_named_ragd(make_daemon, tmp
     finally:
         r = run("stop")
     assert r.returncode == 0 and "stopped" in r.stdout, (r.stdout, r.stderr)
+
+
+# -- more clients than the daemon takes -----------------------------------------------------------
+
+def hold_connections(sock_path: Path, n: int, send: bytes = b"") -> list[socket.socket]:
+    """n connections that send `send` (nothing, or part of a message) and then say nothing."""
+    held = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(30)
+        s.connect(str(sock_path))
+        if send:
+            s.sendall(send)
+        held.append(s)
+    return held
+
+
+def refused_in(sock_path: Path, jsonl: bool = False) -> tuple[float, dict]:
+    """A new client's ping: (seconds until its reply, the reply)."""
+    t0 = time.monotonic()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(120)
+        s.connect(str(sock_path))
+        try:
+            s.sendall(b'{"id": 1, "op": "ping"}\n' if jsonl else _frame({"id": 1, "op": "ping"}))
+        except BrokenPipeError:  # refused before the request went out: the reply is there
+            pass
+        reply = read_reply(s, jsonl)
+    return time.monotonic() - t0, reply
+
+
+def test_over_the_connection_limit_a_new_client_is_told_at_once(make_daemon, tmp_path):
+    """300 connections held open saying nothing (the limit is 256), some of them half-way
+    through a frame or a line: a new client is told at once that ragd is busy, in its own
+    encoding, and ragctl prints it (before: the accept thread lingered 0.5 s on each refused
+    connection, so a new client waited ~22 s, then got an `id: null` reply that ragctl called
+    "reply for id None, expected 1"). The half-sent messages time out and free their slots."""
+    d = make_daemon(sources=[{"name": "v", "path": str(small_vault(tmp_path / "vault"))}])
+    with d:
+        d.wait_idle()
+        half_frames = hold_connections(d.socket, 30, P.HEADER.pack(100)[:2])
+        half_lines = hold_connections(d.socket, 30, b'{"id": 1, "op": "pi')
+        silent = hold_connections(d.socket, 240)
+        try:
+            took, reply = refused_in(d.socket)
+            assert took < 3.0, took
+            assert reply["id"] is None and reply["error"]["code"] == P.UNAVAILABLE
+            assert reply["error"]["message"].startswith("ragd is busy: 256 connections "
+                                                        "(limit 256)"), reply
+            took, reply = refused_in(d.socket, jsonl=True)
+            assert took < 3.0 and reply["error"]["code"] == P.UNAVAILABLE, (took, reply)
+            r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                                "status"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1 and r.stderr.startswith(
+                "ragctl: ragd is busy: 256 connections (limit 256)"), r.stderr
+            with pytest.raises(P.DaemonError) as e:
+                d.call("ping")
+            assert e.value.code == P.UNAVAILABLE and "busy" in e.value.message
+            # A message begun and left half-sent is dropped after server.FRAME_IDLE (10 s),
+            # saying why; a connection that has sent nothing is left alone.
+            for s in half_frames + half_lines:
+                reply = read_reply(s, jsonl=s in half_lines)
+                assert reply is not None and reply["error"]["code"] == P.BAD_FRAME, reply
+                assert "incomplete" in reply["error"]["message"]
+                assert s.recv(1) == b""  # then closed
+                s.close()
+            deadline = time.monotonic() + 10
+            while True:  # their slots are free once the daemon has closed its ends
+                try:
+                    assert d.call("ping")["pid"] == d.proc.pid
+                    break
+                except P.DaemonError as e:
+                    assert e.code == P.UNAVAILABLE and time.monotonic() < deadline, e
+                    time.sleep(0.05)
+            s = silent[0]
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)  # still open
+        finally:
+            for s in half_frames + half_lines + silent:
+                s.close()
+        deadline = time.monotonic() + 30
+        while (conns := d.call("status")["connections"])["open"] > 1:  # (this one)
+            assert time.monotonic() < deadline, conns
+            time.sleep(0.05)
+        assert conns == {"open": 1, "limit": 256}
+        n, errors = hammer(d.socket, 20, 2.0)
+        assert not errors and n > 20, errors[:3]
+        no_restarts(d.call("status"))
+
