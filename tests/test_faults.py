@@ -103,6 +103,45 @@ def test_odd_names_and_odd_files_never_stop_indexing(make_daemon, tmp_path):
     consistent(db_of(tmp_path))
 
 
+
+def test_what_is_not_a_file_is_listed_alike_by_scans_and_events(make_daemon, tmp_path):
+    """A FIFO, a link to /dev/zero and a link to a folder, found by the first scan or created
+    while watched: each is listed skipped with its reason, and stays so through later scans
+    (before, one heard while watched was listed skipped, then vanished from `files` at the
+    next scan, and one found by a scan was never listed)."""
+    root = tmp_path / "notes"
+    (root / "folder").mkdir(parents=True)
+    (root / "plain.md").write_text("# Plain\n\nThe word okapi lives here.\n")
+    os.mkfifo(root / "pipe.md")
+    (root / "zero.md").symlink_to("/dev/zero")
+    (root / "dir.md").symlink_to(root / "folder")
+    want = {"pipe.md": "not a regular file (a FIFO)",
+            "zero.md": "a link to a file outside the source (/dev/zero): ragd does not follow "
+                       "links out of its sources",
+            "dir.md": "not a regular file (a folder)"}
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        os.mkfifo(root / "pipe2.md")
+        (root / "zero2.md").symlink_to("/dev/zero")
+        (root / "dir2.md").symlink_to(root / "folder")
+        (root / "after.md").write_text("# After\n\nThe word marzipanic lives here.\n")
+        want.update({k.replace(".md", "2.md"): v for k, v in want.items()})
+        deadline = time.monotonic() + 20
+        while not d.call("search", query="marzipanic", mode="bm25")["results"]:
+            assert time.monotonic() < deadline, "indexing stopped"
+            time.sleep(0.05)
+        for i in range(3):  # as heard; then after a scan, twice
+            d.wait_idle()
+            files = {Path(f["path"]).name: f for f in d.call("files")["files"]}
+            got = {n: (f["status"], f["reason"]) for n, f in files.items() if n in want}
+            assert got == {n: ("skipped", r) for n, r in want.items()}, (i, got)
+            assert files["plain.md"]["status"] == files["after.md"]["status"] == "indexed"
+            st = d.call("status")
+            assert st["sources"][0]["skipped"] == 6 and st["sources"][0]["files"] == 2, st
+            d.call("reindex", source="n")
+        no_restarts(d.call("status"))
+
 def test_a_file_that_changes_or_vanishes_while_read(tmp_path, monkeypatch):
     """The indexer thread with a file that grows, or is deleted, between its read and its write:
     what was read is written with the stat it was read at (so the next event reads it again),

@@ -164,11 +164,13 @@ class Listing:
 
 
 def scan(source: Source) -> Listing:
-    """Walk the source: each wanted regular file with its stat, and what could not be listed.
+    """Walk the source: each wanted entry but folders with its stat, and what could not be
+    listed.
 
-    Dot-folders are not entered. Symlinked folders are not followed (no loops); a symlinked file
-    is listed with the target's stat, and a broken one with size -1 so it can be recorded as
-    skipped with its reason (as is one leading outside the source: check_inside).
+    Dot-folders are not entered. Symlinked folders are not followed (no loops); a symlink is
+    listed with the target's stat, and a broken one with size -1 so it can be recorded as
+    skipped with its reason (as is one leading outside the source: check_inside, and what is
+    not a regular file: read_bytes).
     """
     root = str(source.root)
     rules = Rules(source)
@@ -199,8 +201,11 @@ def scan(source: Source) -> Listing:
                         except OSError:  # broken symlink or loop
                             files[rel] = Seen(rel, -1, 0)
                             continue
-                        if entry.is_file(follow_symlinks=True):
-                            files[rel] = Seen(rel, st.st_size, st.st_mtime_ns)
+                        # Not only regular files: a FIFO, a device or a link to one (or to a
+                        # folder) is listed too, so that it is recorded skipped with its
+                        # reason as when an event names it (it was, then the next scan, not
+                        # listing it, took it for deleted)
+                        files[rel] = Seen(rel, st.st_size, st.st_mtime_ns)
                     except OSError as e:
                         unlisted[rel] = e.strerror or str(e)
         except OSError as e:  # the listing broke off part way
