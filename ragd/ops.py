@@ -508,8 +508,8 @@ class Ops:
         """The text of a file inside a source, read from disk now (see ragd/ingest/excerpt.py)."""
         _absolute("get", path)
         try:
-            source, real = excerpt.locate(path, self.cfg.sources)
-            return excerpt.read_range(source, real, line_start, line_end, self.cfg.max_file_bytes)
+            return excerpt.get_text(path, self.cfg.sources, line_start, line_end,
+                                    self.cfg.max_file_bytes)
         except excerpt.Refused as e:
             raise OpError(e.code, e.message) from None
 

@@ -194,6 +194,130 @@ def test_a_file_that_changes_or_vanishes_while_read(tmp_path, monkeypatch):
         ix.stop()
 
 
+
+class SwapRace:
+    """The race of a fault run: V/racedir (in a source) moved aside, a link to an outside
+    O/racedir put in its place, removed, and the folder moved back, in a loop on a thread."""
+
+    def __init__(self, root: Path, outside: Path):
+        self.root, self.outside = root, outside
+        self.stop = threading.Event()
+        self.swaps = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        here, held = self.root / "racedir", self.root / ".held"
+        while not self.stop.is_set():
+            os.rename(here, held)
+            os.symlink(self.outside / "racedir", here)
+            os.unlink(here)
+            os.rename(held, here)
+            self.swaps += 1
+
+    def __enter__(self) -> "SwapRace":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_a_folder_swapped_for_a_link_never_leads_out_of_a_source(make_daemon, tmp_path):
+    """A folder of a source swapped for a link to a folder outside it, and back, in a loop,
+    while get reads a note in it and the indexer re-reads it: no get ever returns the outside
+    file, and the outside text is never indexed (before: get checked the resolved path, then
+    opened the path again, and served the outside file in 42 of 2,524 gets; search found the
+    outside text in 50 of ~290 searches)."""
+    root, outside = tmp_path / "notes", tmp_path / "outside"
+    (root / "racedir").mkdir(parents=True)
+    (outside / "racedir").mkdir(parents=True)
+    note = root / "racedir" / "note.md"
+    note.write_text("# Inside\n\nThe word insidious lives here.\n")
+    (outside / "racedir" / "note.md").write_text("# Outside\n\nThe word swordfish lives "
+                                                  "outside.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        gets = leaks = searches = found = 0
+        codes: dict[str, int] = {}
+        with SwapRace(root, outside) as race, d.client() as c:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                try:
+                    text = c.call("get", path=str(note))["text"]
+                    leaks += "swordfish" in text
+                except P.DaemonError as e:
+                    codes[e.code] = codes.get(e.code, 0) + 1
+                gets += 1
+                if gets % 10 == 0:
+                    searches += 1
+                    found += bool(c.call("search", query="swordfish", mode="bm25")["results"])
+        assert race.swaps > 100 and gets > 500, (race.swaps, gets)
+        assert leaks == 0 and found == 0, (leaks, gets, found, searches)
+        assert set(codes) <= {P.NOT_FOUND, P.FORBIDDEN}, codes  # (mid-swap: not there)
+        d.wait_idle()
+        assert not d.call("search", query="swordfish", mode="bm25")["results"]
+        assert d.call("search", query="insidious", mode="bm25")["results"]
+        assert "insidious" in d.call("get", path=str(note))["text"]
+        no_restarts(d.call("status"))
+
+
+def test_a_link_swapped_in_after_the_check_is_not_followed(tmp_path, monkeypatch):
+    """The same race, made certain: the folder is swapped for a link to an outside folder just
+    after the path was resolved and checked, before it is opened. The read is refused as a
+    change (tried again later), for the indexer's read and for get's."""
+    from ragd import config
+    from ragd.ingest import excerpt, loader, sources
+
+    root, outside = tmp_path / "notes", tmp_path / "outside"
+    for base, word in ((root, "insidious"), (outside, "swordfish")):
+        (base / "racedir").mkdir(parents=True)
+        (base / "racedir" / "note.md").write_text(f"# Note\n\nThe word {word}.\n")
+        make_pdf(base / "racedir" / "paper.pdf", [[f"The word {word} in a PDF."]])
+    cfg = config.from_dict({"sources": [{"name": "n", "path": str(root)}]}, None)
+    src = cfg.sources[0]
+    real = sources.real_inside
+
+    def resolved_then_swapped(r, path):
+        out = real(r, path)
+        if (root / "racedir").is_dir() and not (root / "racedir").is_symlink():
+            os.rename(root / "racedir", root / ".held")
+            os.symlink(outside / "racedir", root / "racedir")
+        return out
+
+    def swapped_back():
+        if (root / "racedir").is_symlink():
+            os.unlink(root / "racedir")
+            os.rename(root / ".held", root / "racedir")
+
+    locate = excerpt.locate
+
+    def located_swapped_back(path, srcs):  # each time get looks again, it is back in place
+        swapped_back()
+        return locate(path, srcs)
+
+    for name in ("note.md", "paper.pdf"):
+        monkeypatch.setattr(sources, "real_inside", resolved_then_swapped)
+        with pytest.raises(sources.Swapped) as e:
+            loader.load(src, f"racedir/{name}", 1 << 20)
+        assert e.value.retry
+        # get: swapped back before each look, swapped again before each open
+        monkeypatch.setattr(excerpt, "locate", located_swapped_back)
+        with pytest.raises(excerpt.Refused) as e:
+            excerpt.get_text(str(root / "racedir" / name), cfg.sources, None, None, 1 << 20)
+        assert e.value.code == P.NOT_FOUND and "keeps changing" in e.value.message
+        # and left swapped: the path now leads outside, which get refuses as such
+        monkeypatch.setattr(excerpt, "locate", locate)
+        with pytest.raises(excerpt.Refused) as e:
+            excerpt.get_text(str(root / "racedir" / name), cfg.sources, None, None, 1 << 20)
+        assert e.value.code == P.FORBIDDEN and "swordfish" not in e.value.message
+        swapped_back()
+        monkeypatch.setattr(sources, "real_inside", real)
+        got = excerpt.get_text(str(root / "racedir" / name), cfg.sources, None, None, 1 << 20)
+        assert "insidious" in got["text"] and "swordfish" not in got["text"]
+        assert "insidious" in " ".join(loader.load(src, f"racedir/{name}", 1 << 20).doc.lines)
+
 # -- what cannot be read or listed ----------------------------------------------------------------
 
 def test_what_cannot_be_listed_or_read_is_kept(make_daemon, tmp_path):

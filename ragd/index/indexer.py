@@ -432,7 +432,8 @@ class Indexer:
                        if known[rel].hash and known[rel].status == "indexed"}
             for rel in new_rels:
                 try:
-                    h = sources.read_bytes(src.root / rel, self.cfg.max_file_bytes).hash
+                    h = sources.read_bytes(src.root / rel, self.cfg.max_file_bytes,
+                                           src.root).hash
                 except sources.Unreadable:
                     continue
                 old = by_hash.pop(h, None)
