@@ -657,7 +657,8 @@ def _bold(text: str, color: bool) -> str:
 
 def do_get(args) -> int:
     path, start, end = split_range(args.path)
-    kw = {"path": os.path.abspath(os.path.expanduser(path))}
+    where = os.path.abspath(os.path.expanduser(path))
+    kw = _path_arg(where)
     kw.update({k: v for k, v in (("line_start", start), ("line_end", end)) if v is not None})
     res = call(args, "get", **kw)
 
@@ -673,13 +674,24 @@ def do_get(args) -> int:
             if res.get("line_cut"):
                 print(f"ragctl: {res['unit']} {res['line_end']} is longer than a reply holds: "
                       f"cut", file=sys.stderr)
-            more = {"path": kw["path"], "line_start": res["line_end"] + 1}
+            more = {**_path_arg(where), "line_start": res["line_end"] + 1}
             if end is not None:
                 more["line_end"] = end
             res = call(args, "get", **more)
 
     emit(args, res, human)
     return 0
+
+
+def _path_arg(path: str) -> dict:
+    """A path for get: as text, or, when its name is not UTF-8 (a file named in Latin-1, given
+    by the shell as bytes), as those bytes (path_bytes, base64)."""
+    try:
+        path.encode("utf-8")
+        return {"path": path}
+    except UnicodeEncodeError:
+        import base64
+        return {"path_bytes": base64.b64encode(os.fsencode(path)).decode("ascii")}
 
 
 def do_mcp(args) -> int:
@@ -1121,7 +1133,11 @@ def main(argv=None) -> int:
             print(f"ragctl: {message}" + (f" ({code})" if said else ""), file=sys.stderr)
         return rc
 
+    # (get's path may be any file name: it goes as its bytes, path_bytes)
+    named = {args.path} if getattr(args, "func", None) is do_get else set()
     for arg in argv:  # a byte that is not UTF-8 (a Latin-1 file name): said, not a traceback
+        if arg in named:
+            continue
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:

@@ -34,7 +34,7 @@ from ragd.index.buffers import BufferError, BufferStore
 from ragd.index.vectorstore import VectorStore
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
-from ragd.ingest.sources import printable
+from ragd.ingest.sources import printable, wire_path
 from ragd.search import ask, bm25, notes
 from ragd.search.filters import Filters
 from ragd.search.hybrid import MODES, PARTIAL_FUSION_FROM, Searcher
@@ -56,7 +56,8 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
                "sources": (list, None), "rerank": (bool, None), "wait": ((int, float), 0),
                "path": (str, None), "tag": (str, None), "since": ((int, float, str), None),
                "before": ((int, float, str), None), "group": (str, "note")},
-    "get": {"path": (str, REQUIRED), "line_start": (int, None), "line_end": (int, None)},
+    "get": {"path": (str, None), "path_bytes": (str, None), "line_start": (int, None),
+            "line_end": (int, None)},
     "reindex": {"source": (str, None)},
     "files": {"source": (str, None), "status": (str, None), "limit": (int, 1000),
               "after": (str, None)},
@@ -478,7 +479,7 @@ class Ops:
                 hit = self.buffers.chunk(cid)
                 if hit is not None:
                     b, c = hit
-                    out.append({"path": printable(str(b.path)), "source": b.source,
+                    out.append({**wire_path(str(b.path)), "source": b.source,
                                 "line_start": c.record.line_start,
                                 "line_end": c.record.line_end, "heading": c.record.heading,
                                 "score": round(score, 6), "scores": parts, "text": c.record.text,
@@ -494,7 +495,7 @@ class Ops:
             rel = store.fs_rel(r["relpath"])
             path = src.root / rel if src else None
             out.append({
-                "path": printable(str(path) if path else rel),
+                **wire_path(str(path) if path else rel),
                 "source": r["source"], "line_start": r["line_start"], "line_end": r["line_end"],
                 "heading": r["heading"], "score": round(score, 6), "scores": parts,
                 "text": r["text"], "indexed_at": r["indexed_at"],
@@ -504,8 +505,17 @@ class Ops:
                 break
         return out
 
-    def cmd_get(self, path: str, line_start: int | None, line_end: int | None) -> dict:
-        """The text of a file inside a source, read from disk now (see ragd/ingest/excerpt.py)."""
+    def cmd_get(self, path: str | None, path_bytes: str | None, line_start: int | None,
+                line_end: int | None) -> dict:
+        """The text of a file inside a source, read from disk now (see ragd/ingest/excerpt.py).
+        path_bytes: the path's bytes in base64, as results give a name that is not UTF-8."""
+        if (path is None) == (path_bytes is None):
+            raise OpError(P.BAD_ARGS, "get: give either 'path' or 'path_bytes'")
+        if path_bytes is not None:
+            try:
+                path = os.fsdecode(base64.b64decode(path_bytes, validate=True))
+            except ValueError:
+                raise OpError(P.BAD_ARGS, "get: 'path_bytes' is not base64") from None
         _absolute("get", path)
         try:
             return excerpt.get_text(path, self.cfg.sources, line_start, line_end,
@@ -555,7 +565,7 @@ class Ops:
         for r in rows:
             src = self.cfg.source(r["source"])
             rel = store.fs_rel(r["relpath"])
-            out.append({"path": printable(str(src.root / rel) if src else rel),
+            out.append({**wire_path(str(src.root / rel) if src else rel),
                         "source": r["source"], "status": r["status"], "reason": r["reason"],
                         "chunks": r["chunks"], "bytes": r["size"], "indexed_at": r["indexed_at"]})
         nxt = _encode_cursor(rows[-1]["source"], rows[-1]["relpath"]) if more else None

@@ -104,6 +104,52 @@ def test_odd_names_and_odd_files_never_stop_indexing(make_daemon, tmp_path):
 
 
 
+
+def test_a_name_that_is_not_utf8_can_be_fetched(make_daemon, tmp_path):
+    """A note whose name (or folder's) is not UTF-8 is found; its result's path shows each such
+    byte as U+FFFD and `path_bytes` holds the exact bytes: get takes either (the printed one
+    while no other name prints alike), and so does `ragctl get` given the name by the shell
+    (before: get of the printed path was not_found, and the bytes could not be given)."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    raw = os.fsencode(root)
+    os.mkdir(os.path.join(raw, b"dossi\xe9r"))
+    notes = {b"caf\xe9 latin1.md": "zanzibarite", b"dossi\xe9r/na\xefve.md": "brontosaurine",
+             b"a\xe9.md": "quillwort", b"a\xe8.md": "quillwort"}  # the last two print alike
+    for name, word in notes.items():
+        with open(os.path.join(raw, name), "wb") as f:
+            f.write(f"# Note\n\nThe word {word} lives here.\n".encode())
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        import base64
+        for name, word in notes.items():
+            hits = [h for h in d.call("search", query=word, mode="bm25", k=5)["results"]
+                    if base64.b64decode(h.get("path_bytes", "")) == raw + b"/" + name]
+            assert len(hits) == 1, (name, hits)
+            hit = hits[0]
+            assert hit["path"] == os.fsencode(hit["path"]).decode() and "\ufffd" in hit["path"]
+            got = d.call("get", path_bytes=hit["path_bytes"])
+            assert word in got["text"] and got["path_bytes"] == hit["path_bytes"]
+            if name in (b"a\xe9.md", b"a\xe8.md"):  # which of the two is not said
+                with pytest.raises(P.DaemonError) as e:
+                    d.call("get", path=hit["path"])
+                assert e.value.code == P.NOT_FOUND
+            else:
+                assert word in d.call("get", path=hit["path"], line_start=3)["text"]
+            r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                                "get", raw + b"/" + name], capture_output=True, timeout=60)
+            assert r.returncode == 0 and word.encode() in r.stdout, r.stderr
+        files = {base64.b64decode(f["path_bytes"]) for f in d.call("files")["files"]}
+        assert files == {raw + b"/" + n for n in notes}
+        for bad in ("not base64!", base64.b64encode(b"relative/name.md").decode()):
+            with pytest.raises(P.DaemonError) as e:
+                d.call("get", path_bytes=bad)
+            assert e.value.code == P.BAD_ARGS, e.value
+        with pytest.raises(P.DaemonError) as e:
+            d.call("get", path=str(root / "x.md"), path_bytes=hit["path_bytes"])
+        assert e.value.code == P.BAD_ARGS and "either" in e.value.message
+
 def test_what_is_not_a_file_is_listed_alike_by_scans_and_events(make_daemon, tmp_path):
     """A FIFO, a link to /dev/zero and a link to a folder, found by the first scan or created
     while watched: each is listed skipped with its reason, and stays so through later scans

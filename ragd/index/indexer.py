@@ -721,8 +721,7 @@ class Indexer:
             for kind, source, rel, fields in events:
                 src = self.cfg.source(source)
                 path = str(src.root / rel) if src else rel
-                self.events.publish(kind, source=source, path=sources.printable(path),
-                                    **fields)
+                self.events.publish(kind, source=source, **sources.wire_path(path), **fields)
 
     def _commit(self, changes: store.Changes | None) -> None:
         store.refresh_notes(self._db)  # the notes' own rows, in the same transaction

@@ -32,17 +32,44 @@ class Refused(Exception):
         self.message = message
 
 
-def _as_on_disk(path: str) -> str:
+def _as_on_disk(path: str, all_sources: list[Source] = ()) -> str:
     """`path`, or its other Unicode form when only that one exists: a name typed composed
     (NFC, "café") finds the file a Mac or its sync tool wrote decomposed (NFD), and the
-    other way round. The file system compares bytes, so without this neither is found."""
+    other way round. The file system compares bytes, so without this neither is found. And
+    a path as search results print a name that is not UTF-8 (each such byte a U+FFFD) finds
+    the one file of a source it can stand for."""
     if os.path.lexists(path):
         return path
     for form in ("NFC", "NFD"):
         other = unicodedata.normalize(form, path)
         if other != path and os.path.lexists(other):
             return other
+    if "\ufffd" in path:
+        return _undecodable(path, all_sources) or path
     return path
+
+
+def _undecodable(path: str, all_sources: list[Source]) -> str | None:
+    """The path of the one file whose printable name (sources.printable) is `path`, looked for
+    name by name below the source folder that holds `path` (never elsewhere), or None."""
+    p = Path(os.path.expanduser(path))
+    source = next((s for s in sorted(all_sources, key=lambda s: -len(s.root.parts))
+                   if s.root in p.parents), None)
+    if source is None:
+        return None
+    here = source.root
+    for part in p.relative_to(source.root).parts:
+        if os.path.lexists(here / part) or "\ufffd" not in part:
+            here = here / part
+            continue
+        try:
+            names = [n for n in os.listdir(here) if sources.printable(n) == part]
+        except OSError:
+            return None
+        if len(names) != 1:  # none, or two names that print alike: which is not said
+            return None
+        here = here / names[0]
+    return str(here)
 
 
 def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
@@ -51,7 +78,7 @@ def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
     elsewhere) and files the source does not index. `path` is absolute and holds no NUL: the
     op checked it (ops._absolute, the one check of every op that takes a path)."""
     try:
-        real = Path(os.path.realpath(os.path.expanduser(_as_on_disk(path))))
+        real = Path(os.path.realpath(os.path.expanduser(_as_on_disk(path, all_sources))))
     except OSError as e:  # a link on the path removed while it was being resolved
         raise Refused(P.NOT_FOUND, f"get: {path}: {e.strerror}") from None
     holders = [s for s in all_sources if real == s.root or s.root in real.parents]
@@ -153,6 +180,7 @@ def read_range(source: Source, real: Path, line_start: int | None, line_end: int
             break
         out.append(piece)
         size += cost
-    return {"path": shown, "source": source.name, "line_start": start, "line_end": end,
+    return {**sources.wire_path(str(real)), "source": source.name, "line_start": start,
+            "line_end": end,
             "lines_total": total, "text": sep.join(out), "truncated": truncated, "unit": unit,
             "final_newline": bool(out) and (end < total or ends_newline), "line_cut": line_cut}

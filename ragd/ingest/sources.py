@@ -6,6 +6,7 @@ one folder, ``**/`` spans any number of folders (including none), ``?`` is one c
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import functools
@@ -247,6 +248,17 @@ def printable(name: str) -> str:
         return name
     except UnicodeEncodeError:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def wire_path(path: str) -> dict:
+    """A path as replies carry it: {"path": printable}, and for a name that is not UTF-8 (its
+    printable form lost bytes) also "path_bytes", its exact bytes in base64, which `get`
+    takes back."""
+    shown = printable(path)
+    if shown == path:
+        return {"path": path}
+    return {"path": shown,
+            "path_bytes": base64.b64encode(os.fsencode(path)).decode("ascii")}
 
 
 class Vanished(Unreadable):
