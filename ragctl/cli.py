@@ -410,6 +410,11 @@ def do_status(args) -> int:
             for note in (e.get("space_note"), e.get("reason")):
                 if note:
                     print("    " + note.replace("\n", "\n    "))
+            for which, eng in ((role, e), ("query", e.get("query_engine") or {})):
+                if eng.get("state") == "failed" and eng.get("next_try"):
+                    print(f"    {which} engine tried again in "
+                          f"{max(0, eng['next_try'] - time.time()):.0f} s, or now by "
+                          f"'ragctl reload'")
         store = st.get("store") or {}
         if store.get("backend", "sqlite") != "sqlite":
             line = f"store: {store['backend']} at {store.get('uri')}  {store.get('state')}"

@@ -53,6 +53,7 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "engine_max_restarts": "engines.max_restarts",
            "engine_restart_window": "engines.restart_window",
            "engine_health_interval": "engines.health_interval",
+           "engine_failed_retry": "engines.failed_retry",
            "embed_batch_tokens": "embedding.batch_tokens",
            "vector_dtype": "embedding.vector_dtype", "query_engine": "embedding.query_engine",
            "ann_threshold": "embedding.ann_threshold",
@@ -308,10 +309,12 @@ class Runtime:
             if rechunk:
                 self.indexer.request_scan(force=True)
             self.indexer.when_idle(functools.partial(store.save_reading, sources=self._reading()))
+            retried = self.engines.retry_failed()  # whatever failed them may be fixed now
             result = {"config": str(cfg.path) if cfg.path else None, "added": added,
                       "removed": removed, "moved": moved, "changed": changed,
                       "renamed": renamed, "missing": missing, "rechunk": rechunk,
-                      "applied": applied, "restart_needed": restart, "embedding": model_note}
+                      "applied": applied, "restart_needed": restart, "embedding": model_note,
+                      "engines_retried": retried}
             if model_error:
                 result["embedding_error"] = model_error
             log.info("reloaded %s: sources added %s, removed %s, moved %s, changed %s%s%s%s",

@@ -592,6 +592,66 @@ def test_the_engine_killed_during_embedding_is_restarted_and_nothing_is_lost(mak
         no_restarts(st)
 
 
+
+def kill_until_failed(d, query: bool = False, timeout: float = 180.0) -> dict:
+    """kill -9 the embedding engine (or its query engine) each time it is up again, until
+    ragd marks it failed; its status then."""
+    deadline, last = time.monotonic() + timeout, None
+    while True:
+        e = d.call("status")["engines"]["embedding"]
+        if query:
+            e = e.get("query_engine") or {}
+        if e.get("state") == "failed":
+            return e
+        if e.get("state") == "ready" and e.get("pid") not in (None, last):
+            os.kill(e["pid"], signal.SIGKILL)
+            last = e["pid"]
+        assert time.monotonic() < deadline, e
+        time.sleep(0.02)
+
+
+def test_a_failed_engine_comes_back(make_daemon, tmp_path):
+    """The embedding engine killed until ragd marks it failed (max_restarts in the window):
+    it is tried again after a backoff, by itself, and texts written meanwhile get their
+    vectors; the query engine, failed the same way, comes back at once on a reload (before:
+    a failed engine stayed down until ragd was restarted, past the window and reloads alike,
+    and search stayed on BM25)."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="[engines]\nmax_restarts = 2\n"
+                                              "failed_retry = 3\n"))
+    with d:
+        wait_embedded(d)
+        e = kill_until_failed(d)
+        assert "failed 2 times within 300s" in e["reason"], e["reason"]
+        assert e["next_try"] and e["next_try"] - time.time() <= 3.5, e
+        (root / "later.md").write_text("# Later\n\nWritten while the engine was down: "
+                                       "a heron stood in the reeds.\n")
+        st = wait_embedded(d, timeout=120)  # only once the engine is back
+        e = st["engines"]["embedding"]
+        assert e["state"] == "ready" and e["next_try"] is None and e["pending_texts"] == 0
+        assert "trying again in 3 s" in (tmp_path / "data" / "ragd.log").read_text()
+        res = d.call("search", query="a grey bird standing in water", mode="vector", k=3)
+        assert not res["degraded"] and res["results"][0]["path"].endswith("later.md"), res
+    # the same, for the query engine, with the next try far off: a reload tries it now
+    cfg = d.config.read_text().replace("failed_retry = 3", "failed_retry = 3600")
+    d.config.write_text(cfg)
+    with d:
+        wait_embedded(d)
+        e = kill_until_failed(d, query=True)
+        assert e["next_try"] - time.time() > 20, e
+        r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                            "status"], capture_output=True, text=True, timeout=60)
+        assert "query engine tried again in" in r.stdout, r.stdout
+        assert d.call("reload")["engines_retried"] == ["query"]
+        deadline = time.monotonic() + 20  # well before its next try (30 s)
+        while (q := d.call("status")["engines"]["embedding"]["query_engine"])["state"] != \
+                "ready":
+            assert time.monotonic() < deadline, q
+            time.sleep(0.05)
+        assert d.call("reload")["engines_retried"] == []  # nothing failed now
+        no_restarts(d.call("status"))
+
 # -- the socket -----------------------------------------------------------------------------------
 
 def fuzz_values(rng: random.Random, inside: Path | None = None):
