@@ -830,7 +830,9 @@ def do_gc(args) -> int:
     res = call(args, "gc", timeout=None, **kw)
     emit(args, res, lambda r: print(
         f"gc: {r['deleted']} unused cache entries deleted ({r['bytes_freed']} bytes freed); "
-        f"{r['waiting']} unused entries kept for the grace period"))
+        f"{r['waiting']} unused entries kept for the grace period"
+        + (f"; {r['purged_files']} files of removed sources deleted" if r.get("purged_files")
+           else "")))
     return 0
 
 

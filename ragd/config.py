@@ -191,6 +191,9 @@ class Config:
     scan_interval: float = 600.0
     unwatched_scan_interval: float = 30.0
     sources: list[Source] = field(default_factory=list)
+    # Does the file say which sources there are (`[[sources]]` tables, or `sources = []`)? A
+    # file that says nothing of them (empty, cut short) is no reason to remove them all.
+    sources_listed: bool = False
 
     def pooling_for(self, role: str) -> str | None:
         return {"embedding": self.embedding_pooling,
@@ -405,7 +408,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],
                   scan_interval=values["watch"]["scan_interval"],
                   unwatched_scan_interval=values["watch"]["unwatched_scan_interval"],
-                  sources=sources)
+                  sources=sources, sources_listed="sources" in raw)
 
 
 def _auto_budget(model: str) -> int:

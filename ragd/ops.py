@@ -213,7 +213,15 @@ class Ops:
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self._engines_status()
+            aside = store.removed_sources(db)
         hints = sorted(self.indexer.hints) + self.cfg.overlaps + self.notices
+        for name, r in sorted(aside.items()):
+            if self.cfg.source(name) is None:  # (else: being restored)
+                until = time.strftime("%Y-%m-%d %H:%M", time.localtime(
+                    r["removed_at"] + self.cfg.gc_grace_hours * 3600))
+                hints.append(f"source {name!r} is no longer in the config: its {r['files']} "
+                             f"files are set aside until {until} (gc.grace_hours); added back "
+                             f"under that name before then, it returns as it was")
         if self.reload_failed:
             hints.insert(0, self.reload_failed)
         per_source = []

@@ -1018,6 +1018,95 @@ def test_another_user_is_refused_in_their_encoding(make_daemon, tmp_path):
         import shutil
         shutil.rmtree(run, ignore_errors=True)
 
+
+# -- the config ----------------------------------------------------------------------------------
+
+def test_a_bad_save_of_the_config_loses_nothing(make_daemon, tmp_path):
+    """A config saved empty, then cut short (one source of two), and reloaded: the empty one is
+    refused (it named no source: before, it removed and purged every one); the short one sets
+    the missing source aside, not purged; the config fixed, the source is back as it was at
+    once, nothing read again but what changed meanwhile; across a restart too. `sources = []`
+    said outright is taken; gc past the grace period deletes what was set aside."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root, word in ((a, "aardvark"), (b, "bandicoot")):
+        root.mkdir()
+        for i in range(20):
+            (root / f"note {i}.md").write_text(f"# Note {i}\n\nThe {word}{i} lives here.\n")
+    d = make_daemon(sources=[{"name": "a", "path": str(a)}, {"name": "b", "path": str(b)}])
+    whole = d.config.read_text()
+
+    def reload():
+        with d.client() as c:
+            return c.call("reload")
+
+    def found(word):
+        return d.call("search", query=word, mode="bm25", k=50)["results"]
+
+    with d:
+        d.wait_idle()
+        d.config.write_text("")
+        with pytest.raises(P.DaemonError) as e:
+            reload()
+        assert e.value.code == P.BAD_CONFIG and "names no source at all" in e.value.message
+        assert "sources = []" in e.value.message
+        st = d.call("status")
+        assert [s["name"] for s in st["sources"]] == ["a", "b"]
+        assert any("names no source" in h for h in st["hints"])
+        assert found("aardvark3") and found("bandicoot3")
+        # cut short after the first source
+        d.config.write_text(whole[:whole.index("[[sources]]", whole.index("[[sources]]") + 1)])
+        res = reload()
+        assert res["removed"] == ["b"] and res["restored"] == []
+        d.wait_idle()
+        assert not found("bandicoot3") and found("aardvark3")
+        assert not any(f["source"] == "b" for f in d.call("files")["files"])
+        st = d.call("status")
+        assert any("'b' is no longer in the config: its 20 files are set aside" in h
+                   for h in st["hints"]), st["hints"]
+        # meanwhile, one of b's notes changes and one goes
+        (b / "note 1.md").write_text("# Note 1\n\nThe wombat lives here now.\n")
+        (b / "note 2.md").unlink()
+        indexed = st["totals"]["files_indexed"]
+        d.config.write_text(whole)
+        res = reload()
+        assert res["added"] == ["b"] and res["restored"] == ["b"]
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == indexed + 1  # note 1, not the 18 others
+        assert found("bandicoot3") and found("wombat") and not found("bandicoot2")
+        assert st["sources"][1]["files"] == 19
+        assert not any("no longer in the config" in h for h in st["hints"])
+        # said outright: every source goes (set aside)
+        d.config.write_text("sources = []\n" + whole[:whole.index("[[sources]]")])
+        assert sorted(reload()["removed"]) == ["a", "b"]
+        d.wait_idle()
+        assert not found("aardvark3")
+    # set aside across a restart: back at start, read again for nothing
+    d.config.write_text(whole)
+    with d:
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == 0, st["totals"]
+        assert found("aardvark3") and found("bandicoot3") and found("wombat")
+        # past the grace period, gc deletes what is set aside
+        d.config.write_text(whole[:whole.index("[[sources]]", whole.index("[[sources]]") + 1)])
+        reload()
+        d.wait_idle()
+        assert d.call("gc", grace_hours=0)["purged_files"] == 19
+        d.config.write_text(whole)
+        assert reload()["restored"] == []
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == 19 and found("bandicoot3")
+        # ragctl removing the last source says so outright (sources = []): taken
+        for name in ("a", "b"):
+            r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                                "sources", "remove", name], capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, r.stderr
+        assert "sources = []" in d.config.read_text()
+        st = d.wait_idle()
+        assert st["sources"] == [] and not any("names no source" in h for h in st["hints"])
+        no_restarts(st)
+    consistent(db_of(tmp_path))
+
 # -- where ragd is started from -------------------------------------------------------------------
 
 def test_ragctl_start_from_a_folder_holding_a_folder_named_ragd(make_daemon, tmp_path):
