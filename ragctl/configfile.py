@@ -153,8 +153,8 @@ def remove_source(path: Path, name: str) -> str:
         known = ", ".join(str(s.get("name")) for s in existing) or "none"
         raise ConfigFileError(f"{path} has no source named {name!r} (known: {known})")
     if not keep:
-        # Said outright: ragd refuses a reload of a config that names no source at all, as a
-        # file saved empty or cut short would (it removed every source).
+        # Said outright: ragd refuses a reload of a config that names no source at all (a
+        # file saved empty or cut short is no reason to remove every source).
         del doc["sources"]
         none = tomlkit.array()
         none.comment("no sources: 'ragctl sources add PATH' adds one")

@@ -54,10 +54,10 @@ PRIVATE_DIRS = ("bm25", "vectors", "engines")
 
 
 def keep_private(cfg: config.Config) -> str | None:
-    """Make what ragd wrote in its data dir readable by its user alone (an index created 0644
-    under a 0755 data dir was readable by every user: files are created 0600 now, under the
-    daemon's umask 077, and those of an older ragd are tightened here). The data dir itself is
-    the user's to choose: when others may enter it, the warning to give, else None."""
+    """Make what ragd wrote in its data dir readable by its user alone: the daemon's umask 077
+    creates files 0600, and those an older ragd created under another umask are tightened
+    here. The data dir itself is the user's to choose: when others may enter it, the warning
+    to give, else None."""
     def tighten(path: str) -> None:
         try:
             st = os.lstat(path)

@@ -860,7 +860,7 @@ def _absolute(op: str, path: str) -> None:
         raise OpError(P.BAD_ARGS, f"{op}: path must be absolute (as search results give it), "
                       f"got {path!r}")
     # No file can have such a name (NAME_MAX, PATH_MAX), and the OS calls that resolve it
-    # raise ENAMETOOLONG: said here as the bad argument it is (it was an internal error).
+    # raise ENAMETOOLONG: said here as the bad argument it is.
     longest = max(path.split("/"), key=lambda part: len(part.encode("utf-8", "surrogateescape")))
     if (n := len(longest.encode("utf-8", "surrogateescape"))) > NAME_MAX:
         raise OpError(P.BAD_ARGS, f"{op}: a name in the path is {n} bytes long; a file or "
@@ -873,9 +873,9 @@ def _absolute(op: str, path: str) -> None:
 NAME_MAX, PATH_MAX = 255, 4096  # bytes, as Linux (and macOS: 255, 1024) file systems allow
 
 
-# The longest query: past it a search costs seconds of BM25 over every word and of matching
-# lines, for nothing (the embedding model reads its first 256 tokens). 1 MB took 24 s on
-# obsidian-hub; 8 KiB about 0.5 s.
+# The longest query: past it a search costs seconds of BM25 over every word, of the whole-note
+# BM25 and of matching lines, growing with its length, for nothing a longer query adds (the
+# embedding model reads its first 256 tokens).
 MAX_QUERY_BYTES = 8192
 MAX_QUERY_WORDS = 1000
 

@@ -257,8 +257,8 @@ class Runtime:
                 raise ReloadError(str(e)) from None
             cfg = self.cfg
             if cfg.sources and not new.sources and not new.sources_listed:
-                # An editor's save cut short, a file emptied: taken at its word, it removed
-                # (and purged) every source. An empty list said outright is taken.
+                # An editor's save cut short, a file emptied: taken at its word, it would
+                # remove every source. An empty list said outright is taken.
                 raise ReloadError(
                     f"{new.path or 'the config'} names no source at all, which would remove "
                     f"every source ({', '.join(s.name for s in cfg.sources)}); if that is "

@@ -32,8 +32,8 @@ log = logging.getLogger("ragd.server")
 
 SEND_TIMEOUT = 30.0  # a client that stops reading for this long is dropped
 # A message begun must go on arriving: a frame or line that gets no byte for this long is
-# dropped with its connection (held half-sent, each kept a thread and a connection slot for
-# good). Between messages a connection may stay silent as long as it likes (an editor's).
+# dropped with its connection (held half-sent, each would keep a thread and a connection slot
+# for good). Between messages a connection may stay silent as long as it likes (an editor's).
 FRAME_IDLE = 10.0
 # A refused connection (over max_connections, another user) is answered by a thread of its
 # own, which waits this long for the client's first byte to answer in its encoding; at most
@@ -188,8 +188,11 @@ def encoding_of(conn: socket.socket, wait: float) -> str:
     """The encoding a client speaks, from its first byte (not consumed), waiting up to `wait`
     seconds for it; msgpack when none comes."""
     try:
-        if wait > 0 and not select.select([conn], [], [], wait)[0]:
-            return P.MSGPACK
+        if wait > 0:
+            poll = select.poll()  # (not select: a descriptor past 1024 is out of its range)
+            poll.register(conn, select.POLLIN)
+            if not poll.poll(wait * 1000):
+                return P.MSGPACK
         first = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except (OSError, ValueError):
         return P.MSGPACK
@@ -313,9 +316,8 @@ class Server:
 
     def _refuse_later(self, conn: socket.socket, code: str, message: str) -> None:
         """Refuse without holding up the accept thread: a refusal waits for the client's first
-        byte and for it to read the reply (linger_close), and done here each one blocked every
-        client behind it (300 silent connections held: a new client waited 22 s, then got a
-        reply it could not match)."""
+        byte and for it to read the reply (linger_close), and done on the accept thread each
+        one would hold up every client behind it."""
         with self._lock:
             spare = self._refusing < REFUSERS
             if spare:
@@ -344,8 +346,8 @@ class Server:
                 self._refusing -= 1
 
     def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
-        """An error reply, in the client's encoding (a JSON-lines client read a msgpack frame it
-        could not parse), then close, letting it read the reply."""
+        """An error reply, in the client's encoding (a JSON-lines client cannot read a msgpack
+        frame), then close, letting it read the reply."""
         try:
             encoding = encoding_of(conn, REFUSE_WAIT)
             conn.settimeout(1.0)

@@ -11,8 +11,8 @@ way. A monitor thread per engine:
 - after ``max_restarts`` failures within ``restart_window`` seconds the engine is marked
   ``failed``, with the last lines of its log as the reason, and tried again after a longer
   backoff (BACKOFF_MAX doubling up to ``failed_retry``, 5 min by default), or at once when
-  asked (``retry``: a reload). A failed engine that never came back left search on BM25 and
-  every new text unembedded until ragd was restarted.
+  asked (``retry``: a reload): left down, it would leave search on BM25 and every new text
+  unembedded until ragd was restarted.
 
 No orphans: children run in their own process group, get SIGTERM then SIGKILL on stop, and have
 PR_SET_PDEATHSIG set so the kernel kills them if ragd itself dies (even by SIGKILL). Logs go to

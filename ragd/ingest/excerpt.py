@@ -103,7 +103,7 @@ def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
     return source, real
 
 
-SWAP_TRIES = 3  # a path that changes under get this many times in a row is said to
+SWAP_TRIES = 3  # get looks this many times at a path that keeps changing, then says so
 
 
 def get_text(path: str, all_sources: list[Source], line_start: int | None,
@@ -136,7 +136,7 @@ def read_range(source: Source, real: Path, line_start: int | None, line_end: int
     try:
         # Opened once, inside the source, and read from that descriptor: the path was
         # resolved and checked a moment ago, and a folder on it swapped for a link since
-        # must not lead the read out of the source (it did, in 42 of 2,524 gets of a race).
+        # must not lead the read out of the source.
         if unit == "page":
             with sources.opened(real, max_file_bytes, source.root) as (fd, _):
                 parts, sep = documents.pdf_text(real, fd=fd), "\f"

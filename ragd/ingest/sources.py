@@ -206,8 +206,8 @@ def scan(source: Source) -> Listing:
                             continue
                         # Not only regular files: a FIFO, a device or a link to one (or to a
                         # folder) is listed too, so that it is recorded skipped with its
-                        # reason as when an event names it (it was, then the next scan, not
-                        # listing it, took it for deleted)
+                        # reason, as when an event names it; left out, a scan would take
+                        # its row for a file deleted
                         files[rel] = Seen(rel, st.st_size, st.st_mtime_ns)
                     except OSError as e:
                         unlisted[rel] = e.strerror or str(e)
@@ -287,7 +287,7 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | _CLOEXEC
 def real_inside(root: Path, path: Path) -> Path:
     """path with every link resolved, which must lie inside root (a real path); else Outside.
     A link anywhere on it counts, not only the file's own: a folder swapped for a link to
-    another folder led a read out of the source."""
+    another folder leads out of the source as surely."""
     try:
         real = Path(os.path.realpath(path))
     except OSError:  # a link on it removed while it was being resolved
@@ -302,8 +302,8 @@ def open_inside(root: Path, real: Path) -> int:
     """A descriptor of the file at `real` (a path under root with no link in it), opened one
     name at a time from root and following no link (openat with O_NOFOLLOW): what is opened
     is what lies there now. Resolving a path, checking it and then opening it again by name
-    can be raced: with a folder swapped for a link to another folder in between, `get` served
-    a file outside the source (42 of 2,524 gets) and the indexer indexed one."""
+    can be raced: a folder swapped for a link to an outside folder in between leads the open
+    out of the source."""
     parts = real.relative_to(root).parts
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
