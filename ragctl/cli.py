@@ -320,7 +320,10 @@ def do_reload(args) -> int:
             print(f"  source renamed: {a} -> {b} (its files are listed again under the new "
                   f"name; nothing is embedded again)")
         said = {name for pair in renamed for name in pair}
-        for key, label in (("added", "sources added"), ("removed", "sources removed (purged)"),
+        for key, label in (("added", "sources added"),
+                           ("removed", "sources removed (set aside for the GC grace period)"),
+                           ("restored", "sources restored as they were (set aside when "
+                                        "removed)"),
                            ("moved", "sources moved (listed again at their new path)"),
                            ("changed", "sources changed (re-read)")):
             names = [n for n in r.get(key) or () if n not in said]
@@ -331,6 +334,8 @@ def do_reload(args) -> int:
                   f"and it is watched once the folder exists ('ragctl status')")
         if r.get("applied"):
             print(f"  settings applied: {', '.join(r['applied'])}")
+        if r.get("engines_retried"):
+            print(f"  failed engines tried again: {', '.join(r['engines_retried'])}")
         if r.get("rechunk"):
             print("  chunk size changed: every file is re-chunked")
         if r.get("embedding"):  # e.g. "switching to NAME", or why the model stays
@@ -763,8 +768,9 @@ def _remove_source(args, name: str) -> int:
         except P.DaemonError as e:
             configfile.restore(path, before)
             raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was")
-        print("ragd no longer searches it; its index rows are purged (its embeddings stay "
-              "cached for the GC grace period, so adding it back embeds nothing)")
+        print("ragd no longer searches it; its index rows are set aside for the GC grace "
+              "period, as its embeddings stay cached: added back under this name within it, it "
+              "returns as it was, and under any name it embeds nothing")
     return 0
 
 
