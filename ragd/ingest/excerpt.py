@@ -52,7 +52,7 @@ def _as_on_disk(path: str, all_sources: list[Source] = ()) -> str:
 def _undecodable(path: str, all_sources: list[Source]) -> str | None:
     """The path of the one file whose printable name (sources.printable) is `path`, looked for
     name by name below the source folder that holds `path` (never elsewhere), or None."""
-    p = Path(os.path.expanduser(path))
+    p = Path(os.path.normpath(os.path.expanduser(path)))  # (no '..' climbs out of a source)
     source = next((s for s in sorted(all_sources, key=lambda s: -len(s.root.parts))
                    if s.root in p.parents), None)
     if source is None:
