@@ -103,13 +103,17 @@ def do_start(args) -> int:
         return 0
     if args.source:  # the config is the truth: the folders go into it, then ragd starts
         _add_sources(args, args.source, running=False)
-    cmd = [sys.executable, "-m", "ragd", "--background"]
+    # -P: the current folder is not put on sys.path, so a folder named ragd in it (a checkout)
+    # cannot shadow the installed package ("cannot import name '__version__' from 'ragd'").
+    cmd = [sys.executable, "-P", "-m", "ragd", "--background"]
     found = P.find_config(args.config)  # named on the command line: whose daemon it is
     if found is not None:
         cmd += ["--config", os.path.abspath(found)]
     with tempfile.TemporaryFile() as err:
+        # cwd "/": a daemon does not keep the folder it was started from busy (a disk that
+        # could not be unmounted); every path it is given is absolute
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, start_new_session=True)
+                                stderr=err, start_new_session=True, cwd="/")
         deadline = time.monotonic() + START_TIMEOUT
         delay = 0.01
         while time.monotonic() < deadline:
@@ -318,7 +322,10 @@ def do_reload(args) -> int:
             print(f"  source renamed: {a} -> {b} (its files are listed again under the new "
                   f"name; nothing is embedded again)")
         said = {name for pair in renamed for name in pair}
-        for key, label in (("added", "sources added"), ("removed", "sources removed (purged)"),
+        for key, label in (("added", "sources added"),
+                           ("removed", "sources removed (set aside for the GC grace period)"),
+                           ("restored", "sources restored as they were (set aside when "
+                                        "removed)"),
                            ("moved", "sources moved (listed again at their new path)"),
                            ("changed", "sources changed (re-read)")):
             names = [n for n in r.get(key) or () if n not in said]
@@ -329,6 +336,8 @@ def do_reload(args) -> int:
                   f"and it is watched once the folder exists ('ragctl status')")
         if r.get("applied"):
             print(f"  settings applied: {', '.join(r['applied'])}")
+        if r.get("engines_retried"):
+            print(f"  failed engines tried again: {', '.join(r['engines_retried'])}")
         if r.get("rechunk"):
             print("  chunk size changed: every file is re-chunked")
         if r.get("embedding"):  # e.g. "switching to NAME", or why the model stays
@@ -409,6 +418,11 @@ def do_status(args) -> int:
             for note in (e.get("space_note"), e.get("reason")):
                 if note:
                     print("    " + note.replace("\n", "\n    "))
+            for which, eng in ((role, e), ("query", e.get("query_engine") or {})):
+                if eng.get("state") == "failed" and eng.get("next_try"):
+                    print(f"    {which} engine tried again in "
+                          f"{max(0, eng['next_try'] - time.time()):.0f} s, or now by "
+                          f"'ragctl reload'")
         store = st.get("store") or {}
         if store.get("backend", "sqlite") != "sqlite":
             line = f"store: {store['backend']} at {store.get('uri')}  {store.get('state')}"
@@ -708,7 +722,8 @@ def _bold(text: str, color: bool) -> str:
 
 def do_get(args) -> int:
     path, start, end = split_range(args.path)
-    kw = {"path": os.path.abspath(os.path.expanduser(path))}
+    where = os.path.abspath(os.path.expanduser(path))
+    kw = _path_arg(where)
     kw.update({k: v for k, v in (("line_start", start), ("line_end", end)) if v is not None})
     res = call(args, "get", **kw)
 
@@ -724,13 +739,24 @@ def do_get(args) -> int:
             if res.get("line_cut"):
                 print(f"ragctl: {res['unit']} {res['line_end']} is longer than a reply holds: "
                       f"cut", file=sys.stderr)
-            more = {"path": kw["path"], "line_start": res["line_end"] + 1}
+            more = {**_path_arg(where), "line_start": res["line_end"] + 1}
             if end is not None:
                 more["line_end"] = end
             res = call(args, "get", **more)
 
     emit(args, res, human)
     return 0
+
+
+def _path_arg(path: str) -> dict:
+    """A path for get: as text, or, when its name is not UTF-8 (a file named in Latin-1, given
+    by the shell as bytes), as those bytes (path_bytes, base64)."""
+    try:
+        path.encode("utf-8")
+        return {"path": path}
+    except UnicodeEncodeError:
+        import base64
+        return {"path_bytes": base64.b64encode(os.fsencode(path)).decode("ascii")}
 
 
 def do_mcp(args) -> int:
@@ -797,8 +823,9 @@ def _remove_source(args, name: str) -> int:
         except P.DaemonError as e:
             configfile.restore(path, before)
             raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was")
-        print("ragd no longer searches it; its index rows are purged (its embeddings stay "
-              "cached for the GC grace period, so adding it back embeds nothing)")
+        print("ragd no longer searches it; its index rows are set aside for the GC grace "
+              "period, as its embeddings stay cached: added back under this name within it, it "
+              "returns as it was, and under any name it embeds nothing")
     return 0
 
 
@@ -864,7 +891,9 @@ def do_gc(args) -> int:
     res = call(args, "gc", timeout=None, **kw)
     emit(args, res, lambda r: print(
         f"gc: {r['deleted']} unused cache entries deleted ({r['bytes_freed']} bytes freed); "
-        f"{r['waiting']} unused entries kept for the grace period"))
+        f"{r['waiting']} unused entries kept for the grace period"
+        + (f"; {r['purged_files']} files of removed sources deleted" if r.get("purged_files")
+           else "")))
     return 0
 
 
@@ -1224,7 +1253,11 @@ def main(argv=None) -> int:
             print(f"ragctl: {message}" + (f" ({code})" if said else ""), file=sys.stderr)
         return rc
 
+    # (get's path may be any file name: it goes as its bytes, path_bytes)
+    named = {args.path} if getattr(args, "func", None) is do_get else set()
     for arg in argv:  # a byte that is not UTF-8 (a Latin-1 file name): said, not a traceback
+        if arg in named:
+            continue
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError:

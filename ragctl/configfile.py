@@ -95,6 +95,8 @@ def add_source(path: Path, folder: Path, name: str | None = None,
     except tomlkit.exceptions.ParseError as e:
         raise ConfigFileError(f"{path}: not valid TOML: {e}") from None
     existing = doc.get("sources") or []
+    if not existing and "sources" in doc:  # `sources = []`: the tables take its place
+        del doc["sources"]
     for s in existing:
         if _same_folder(str(s.get("path", "")), folder):
             return str(s.get("name")), False
@@ -151,7 +153,12 @@ def remove_source(path: Path, name: str) -> str:
         known = ", ".join(str(s.get("name")) for s in existing) or "none"
         raise ConfigFileError(f"{path} has no source named {name!r} (known: {known})")
     if not keep:
+        # Said outright: ragd refuses a reload of a config that names no source at all (a
+        # file saved empty or cut short is no reason to remove every source).
         del doc["sources"]
+        none = tomlkit.array()
+        none.comment("no sources: 'ragctl sources add PATH' adds one")
+        doc["sources"] = none
     else:
         for i in reversed(range(len(existing))):
             if i not in keep:

@@ -1,8 +1,10 @@
 """`ragctl service install|uninstall`: run ragd as a per-user service, with no paths to edit.
 
 The unit (Linux: a systemd user unit) or agent (macOS: a launchd agent) runs this
-installation's own interpreter, ``<python> -m ragd``, wherever pip put it — a venv, --user,
-pipx — in the foreground, so the service manager supervises it. The files in service/ are
+installation's own interpreter, ``<python> -P -m ragd``, wherever pip put it — a venv, --user,
+pipx — in the foreground, so the service manager supervises it. (-P: the working folder, the
+home folder of a systemd user unit, is not put on sys.path, where a folder named ragd in it
+would shadow the package.) The files in service/ are
 what these functions write for /usr/bin/python3, for reference.
 """
 
@@ -30,7 +32,7 @@ def _exec_word(word: str) -> str:
 
 
 def systemd_unit(python: str, config: str | None = None) -> str:
-    cmd = " ".join(_exec_word(w) for w in [python, "-m", "ragd",
+    cmd = " ".join(_exec_word(w) for w in [python, "-P", "-m", "ragd",
                                              *(["--config", config] if config else [])])
     return f"""\
 # systemd user unit for ragd, written by `ragctl service install`.
@@ -58,7 +60,8 @@ def launchd_plist(python: str, home: Path, config: str | None = None) -> bytes:
     log = str(home / "Library" / "Logs" / "ragd.log")
     return plistlib.dumps({
         "Label": AGENT_LABEL,
-        "ProgramArguments": [python, "-m", "ragd", *(["--config", config] if config else [])],
+        "ProgramArguments": [python, "-P", "-m", "ragd",
+                             *(["--config", config] if config else [])],
         "RunAtLoad": True,
         "KeepAlive": {"SuccessfulExit": False},  # restart after a crash, not after ragctl stop
         "StandardErrorPath": log,

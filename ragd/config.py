@@ -57,6 +57,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "max_restarts": (int, 5),
         "restart_window": (float, 300.0),
         "health_interval": (float, 30.0),
+        "failed_retry": (float, 300.0),
     },
     "embedding": {
         "model": (str, "all-MiniLM-L6-v2"),
@@ -159,6 +160,7 @@ class Config:
     engine_max_restarts: int = 5
     engine_restart_window: float = 300.0
     engine_health_interval: float = 30.0
+    engine_failed_retry: float = 300.0
     embedding_model: str = "all-MiniLM-L6-v2"
     embedding_pooling: str = ""
     embedding_query_prefix: str | None = None
@@ -189,6 +191,9 @@ class Config:
     scan_interval: float = 600.0
     unwatched_scan_interval: float = 30.0
     sources: list[Source] = field(default_factory=list)
+    # Does the file say which sources there are (`[[sources]]` tables, or `sources = []`)? A
+    # file that says nothing of them (empty, cut short) is no reason to remove them all.
+    sources_listed: bool = False
 
     def pooling_for(self, role: str) -> str | None:
         return {"embedding": self.embedding_pooling,
@@ -316,6 +321,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                             ("engines", "threads", 1), ("engines", "startup_timeout", 1),
                             ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
                             ("engines", "health_interval", 0.5),
+                            ("engines", "failed_retry", 1),
                             ("buffers", "max_per_client", 1),
                             ("embedding", "ann_threshold", 0),
                             ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
@@ -384,6 +390,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   engine_max_restarts=en["max_restarts"],
                   engine_restart_window=en["restart_window"],
                   engine_health_interval=en["health_interval"],
+                  engine_failed_retry=en["failed_retry"],
                   embedding_model=em["model"], embedding_pooling=em["pooling"],
                   embedding_query_prefix=em["query_prefix"], embedding_doc_prefix=em["doc_prefix"],
                   embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
@@ -401,7 +408,7 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
                   watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],
                   scan_interval=values["watch"]["scan_interval"],
                   unwatched_scan_interval=values["watch"]["unwatched_scan_interval"],
-                  sources=sources)
+                  sources=sources, sources_listed="sources" in raw)
 
 
 def _auto_budget(model: str) -> int:

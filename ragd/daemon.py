@@ -45,6 +45,46 @@ def acquire_lock(cfg: config.Config):
     return fd
 
 
+# What ragd keeps in its data dir that holds the notes' text, their names or the queries: the
+# index and its WAL, the tantivy index, the vectors, the logs. (Not the models: public files.)
+PRIVATE_FILES = ("index.sqlite3", "index.sqlite3-wal", "index.sqlite3-shm",
+                 "index.sqlite3-journal", "ragd.log", "ragd.log.1", "ragd.log.2", "ragd.log.3",
+                 "ragd.lock", "milvus.db")
+PRIVATE_DIRS = ("bm25", "vectors", "engines")
+
+
+def keep_private(cfg: config.Config) -> str | None:
+    """Make what ragd wrote in its data dir readable by its user alone: the daemon's umask 077
+    creates files 0600, and those an older ragd created under another umask are tightened
+    here. The data dir itself is the user's to choose: when others may enter it, the warning
+    to give, else None."""
+    def tighten(path: str) -> None:
+        try:
+            st = os.lstat(path)
+            if st.st_mode & 0o077 and st.st_uid == os.getuid() and not os.path.islink(path):
+                os.chmod(path, st.st_mode & 0o7700)
+        except OSError:
+            pass  # gone meanwhile, or not ours: what it holds is not ragd's to change
+
+    top = str(cfg.data_dir)
+    for name in PRIVATE_FILES:
+        tighten(os.path.join(top, name))
+    for name in PRIVATE_DIRS:
+        for folder, dirs, files in os.walk(os.path.join(top, name)):
+            tighten(folder)
+            for f in files:
+                tighten(os.path.join(folder, f))
+    try:
+        mode = os.stat(top).st_mode
+    except OSError:
+        return None
+    if mode & 0o077:
+        return (f"the data dir {top} is open to other users (mode {mode & 0o777:o}): they can "
+                f"see which files it holds (ragd's own are private); 'chmod 700 {top}' closes "
+                f"it")
+    return None
+
+
 def setup_logging(cfg: config.Config, to_stderr: bool) -> None:
     root = logging.getLogger("ragd")
     root.setLevel(cfg.log_level.upper())
@@ -74,6 +114,9 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Every file and folder the daemon creates is its user's alone (the index holds the notes'
+    # text): whatever the umask of the shell or service manager that started it.
+    os.umask(0o077)
     server.limit_malloc_arenas()  # before any thread starts
     try:
         cfg = config.load(args.config, extra_sources=args.source)
@@ -88,9 +131,13 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"ragd: cannot use data dir {cfg.data_dir}: {e}", file=sys.stderr)
         return 1
+    open_dir = keep_private(cfg)  # (before the log is opened: an old one is tightened too)
     setup_logging(cfg, to_stderr=not args.background)
     try:
         rt = Runtime(cfg, args.config, args.source)
+        if open_dir:
+            log.warning("%s", open_dir)
+            rt.ops.notices.append(open_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: rt.stop())
         signal.signal(signal.SIGHUP, lambda signum, frame: rt.request_reload())

@@ -34,7 +34,7 @@ from ragd.index.buffers import BufferError, BufferStore
 from ragd.index.vectorstore import VectorStore
 from ragd.index.indexer import Indexer
 from ragd.ingest import excerpt
-from ragd.ingest.sources import printable
+from ragd.ingest.sources import printable, wire_path
 from ragd.search import ask, bm25, boilerplate, notes
 from ragd.search.filters import Filters
 from ragd.search.hybrid import MODES, PARTIAL_FUSION_FROM, Searcher, _lift
@@ -58,7 +58,8 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
                "sources": (list, None), "rerank": (bool, None), "wait": ((int, float), 0),
                "path": (str, None), "tag": (str, None), "since": ((int, float, str), None),
                "before": ((int, float, str), None), "group": (str, "note")},
-    "get": {"path": (str, REQUIRED), "line_start": (int, None), "line_end": (int, None)},
+    "get": {"path": (str, None), "path_bytes": (str, None), "line_start": (int, None),
+            "line_end": (int, None)},
     "reindex": {"source": (str, None)},
     "files": {"source": (str, None), "status": (str, None), "limit": (int, 1000),
               "after": (str, None)},
@@ -170,10 +171,12 @@ class Ops:
         self.engines = engines
         self.searcher = None  # made below, with the buffers
         self.watcher = None  # set by the daemon once watching starts
+        self.server = None  # set by the runtime: its connections, for status
         self.events = indexer.events
         self.request_stop = request_stop
         self.reload = reload
         self.reload_failed: str | None = None  # why the last reload failed (until one works)
+        self.notices: list[str] = []  # found at start, shown in status' hints (an open data dir)
         self.reads = ReadPool(cfg.db_path)
         self.vectors = vectors if vectors is not None else VectorStore(cfg.data_dir)
         self.embedding = embedding  # index/switch.py: the embedder(s), a model switch
@@ -213,7 +216,15 @@ class Ops:
         with self.reads.conn() as db:
             counts = store.source_counts(db)
             engines = self._engines_status()
-        hints = sorted(self.indexer.hints) + self.cfg.overlaps
+            aside = store.removed_sources(db)
+        hints = sorted(self.indexer.hints) + self.cfg.overlaps + self.notices
+        for name, r in sorted(aside.items()):
+            if self.cfg.source(name) is None:  # (else: being restored)
+                until = time.strftime("%Y-%m-%d %H:%M", time.localtime(
+                    r["removed_at"] + self.cfg.gc_grace_hours * 3600))
+                hints.append(f"source {name!r} is no longer in the config: its {r['files']} "
+                             f"files are set aside until {until} (gc.grace_hours); added back "
+                             f"under that name before then, it returns as it was")
         if self.reload_failed:
             hints.insert(0, self.reload_failed)
         per_source = []
@@ -240,6 +251,8 @@ class Ops:
             "config": str(self.cfg.path) if self.cfg.path else None,
             "pending": pending, "idle": idle, "indexer": self.indexer.state,
             "sources": per_source, "engines": engines, "hints": hints,
+            "connections": {"open": self.server.connections if self.server else None,
+                            "limit": self.cfg.max_connections},
             "threads": workers.all_status(),
             "store": (self.backend.status() if self.backend is not None
                       else {"backend": "sqlite"}),
@@ -366,6 +379,7 @@ class Ops:
         t0 = time.perf_counter()
         if not query.strip():
             raise OpError(P.BAD_ARGS, "search: empty query")
+        _bounded("search", "query", query)
         if group not in ("note", "chunk"):
             raise OpError(P.BAD_ARGS, f"search: 'group' must be note or chunk, got {group!r}")
         if not 0 <= wait <= 60:
@@ -506,7 +520,7 @@ class Ops:
                 hit = self.buffers.chunk(cid)
                 if hit is not None:
                     b, c = hit
-                    out.append({"path": printable(str(b.path)), "source": b.source,
+                    out.append({**wire_path(str(b.path)), "source": b.source,
                                 "line_start": c.record.line_start,
                                 "line_end": c.record.line_end, "heading": c.record.heading,
                                 "score": round(score, 6), "scores": parts, "text": c.record.text,
@@ -522,7 +536,7 @@ class Ops:
             rel = store.fs_rel(r["relpath"])
             path = src.root / rel if src else None
             out.append({
-                "path": printable(str(path) if path else rel),
+                **wire_path(str(path) if path else rel),
                 "source": r["source"], "line_start": r["line_start"], "line_end": r["line_end"],
                 "heading": r["heading"], "score": round(score, 6), "scores": parts,
                 "text": r["text"], "indexed_at": r["indexed_at"],
@@ -532,12 +546,21 @@ class Ops:
                 break
         return out
 
-    def cmd_get(self, path: str, line_start: int | None, line_end: int | None) -> dict:
-        """The text of a file inside a source, read from disk now (see ragd/ingest/excerpt.py)."""
+    def cmd_get(self, path: str | None, path_bytes: str | None, line_start: int | None,
+                line_end: int | None) -> dict:
+        """The text of a file inside a source, read from disk now (see ragd/ingest/excerpt.py).
+        path_bytes: the path's bytes in base64, as results give a name that is not UTF-8."""
+        if (path is None) == (path_bytes is None):
+            raise OpError(P.BAD_ARGS, "get: give either 'path' or 'path_bytes'")
+        if path_bytes is not None:
+            try:
+                path = os.fsdecode(base64.b64decode(path_bytes, validate=True))
+            except ValueError:
+                raise OpError(P.BAD_ARGS, "get: 'path_bytes' is not base64") from None
         _absolute("get", path)
         try:
-            source, real = excerpt.locate(path, self.cfg.sources)
-            return excerpt.read_range(source, real, line_start, line_end, self.cfg.max_file_bytes)
+            return excerpt.get_text(path, self.cfg.sources, line_start, line_end,
+                                    self.cfg.max_file_bytes)
         except excerpt.Refused as e:
             raise OpError(e.code, e.message) from None
 
@@ -583,7 +606,7 @@ class Ops:
         for r in rows:
             src = self.cfg.source(r["source"])
             rel = store.fs_rel(r["relpath"])
-            out.append({"path": printable(str(src.root / rel) if src else rel),
+            out.append({**wire_path(str(src.root / rel) if src else rel),
                         "source": r["source"], "status": r["status"], "reason": r["reason"],
                         "chunks": r["chunks"], "bytes": r["size"], "indexed_at": r["indexed_at"]})
         nxt = _encode_cursor(rows[-1]["source"], rows[-1]["relpath"]) if more else None
@@ -808,6 +831,7 @@ class Ops:
         """A grounded answer from the notes: retrieval as search does, then the generator
         answers from the notes found alone, citing them (ragd/search/ask.py). Streams the
         notes used and the answer's text, then the answer with its citations."""
+        _bounded("ask", "question", question)
         return ask.ask(self, question, k, max_tokens, sources, path, tag)
 
     @property
@@ -887,6 +911,33 @@ def _absolute(op: str, path: str) -> None:
     if not os.path.isabs(os.path.expanduser(path)):
         raise OpError(P.BAD_ARGS, f"{op}: path must be absolute (as search results give it), "
                       f"got {path!r}")
+    # No file can have such a name (NAME_MAX, PATH_MAX), and the OS calls that resolve it
+    # raise ENAMETOOLONG: said here as the bad argument it is.
+    longest = max(path.split("/"), key=lambda part: len(part.encode("utf-8", "surrogateescape")))
+    if (n := len(longest.encode("utf-8", "surrogateescape"))) > NAME_MAX:
+        raise OpError(P.BAD_ARGS, f"{op}: a name in the path is {n} bytes long; a file or "
+                      f"folder name is at most {NAME_MAX} bytes")
+    if (n := len(path.encode("utf-8", "surrogateescape"))) >= PATH_MAX:
+        raise OpError(P.BAD_ARGS, f"{op}: the path is {n} bytes long; a path is under "
+                      f"{PATH_MAX} bytes")
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes, as Linux (and macOS: 255, 1024) file systems allow
+
+
+# The longest query: past it a search costs seconds of BM25 over every word, of the whole-note
+# BM25 and of matching lines, growing with its length, for nothing a longer query adds (the
+# embedding model reads its first 256 tokens).
+MAX_QUERY_BYTES = 8192
+MAX_QUERY_WORDS = 1000
+
+
+def _bounded(op: str, name: str, text: str) -> None:
+    size, words = len(text.encode("utf-8")), len(text.split())
+    if size > MAX_QUERY_BYTES or words > MAX_QUERY_WORDS:
+        raise OpError(P.BAD_ARGS, f"{op}: the {name} is {size} bytes, {words} words; at most "
+                      f"{MAX_QUERY_BYTES} bytes and {MAX_QUERY_WORDS} words (for the notes "
+                      f"most like a passage, use related with its text)")
 
 
 FILES_PAGE_MAX = 10000

@@ -254,8 +254,26 @@ class Client:
 
     def send(self, op: str, **args: Any) -> int:
         self._next_id += 1
-        self.sock.sendall(pack({"id": self._next_id, "op": op, "args": args}))
+        try:
+            self.sock.sendall(pack({"id": self._next_id, "op": op, "args": args}))
+        except (BrokenPipeError, ConnectionResetError):
+            # The daemon refused the connection (busy, another user) and closed it before
+            # the request went out: its reply is still there to read, and says why.
+            refusal = self._refusal()
+            if refusal is not None:
+                raise refusal from None
+            raise
         return self._next_id
+
+    def _refusal(self) -> "DaemonError | None":
+        try:
+            reply = self.recv()
+        except (OSError, ProtocolError, ValueError):
+            return None
+        err = reply.get("error") if isinstance(reply, dict) else None
+        if not isinstance(err, dict):
+            return None
+        return DaemonError(err.get("code", INTERNAL), err.get("message", ""))
 
     def recv(self) -> dict:
         header = self._recv_exact(HEADER.size)
@@ -277,6 +295,11 @@ class Client:
         while True:
             reply = self.recv()
             if reply.get("id") != req_id:
+                # id null: an error about the connection, not a request (the daemon busy,
+                # another user, a frame it could not read); it says why
+                if reply.get("id") is None and isinstance(reply.get("error"), dict):
+                    err = reply["error"]
+                    raise DaemonError(err.get("code", INTERNAL), err.get("message", ""))
                 raise ProtocolError(f"reply for id {reply.get('id')!r}, expected {req_id}")
             if "error" in reply:
                 err = reply["error"] or {}

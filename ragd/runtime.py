@@ -53,6 +53,7 @@ RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
            "engine_max_restarts": "engines.max_restarts",
            "engine_restart_window": "engines.restart_window",
            "engine_health_interval": "engines.health_interval",
+           "engine_failed_retry": "engines.failed_retry",
            "embed_batch_tokens": "embedding.batch_tokens",
            "vector_dtype": "embedding.vector_dtype", "query_engine": "embedding.query_engine",
            "ann_threshold": "embedding.ann_threshold",
@@ -110,7 +111,8 @@ class Runtime:
         self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,
                        reload=self.reload, vectors=self.vectors, embedding=self.embedding,
                        backend=self.backend, text=self.text)
-        self.server = Server(cfg.socket, self.ops.dispatch, cfg.max_connections)
+        self.server = self.ops.server = Server(cfg.socket, self.ops.dispatch,
+                                               cfg.max_connections)
         self.watcher: Watcher | None = None
 
     def run(self, background: bool) -> int:
@@ -130,6 +132,7 @@ class Runtime:
         # by one or the other (one saved between a scan and its watch would wait for the next
         # periodic scan).
         self._forget_unconfigured()
+        self._restore_removed([s.name for s in cfg.sources])
         self.indexer.request_scan()
         self._read_again_if_changed()
         try:
@@ -253,6 +256,14 @@ class Runtime:
             except config.ConfigError as e:
                 raise ReloadError(str(e)) from None
             cfg = self.cfg
+            if cfg.sources and not new.sources and not new.sources_listed:
+                # An editor's save cut short, a file emptied: taken at its word, it would
+                # remove every source. An empty list said outright is taken.
+                raise ReloadError(
+                    f"{new.path or 'the config'} names no source at all, which would remove "
+                    f"every source ({', '.join(s.name for s in cfg.sources)}); if that is "
+                    f"what you mean, say so with a line 'sources = []' before its first "
+                    f"table")
             restart = sorted(key for field, key in RESTART.items()
                              if getattr(cfg, field) != getattr(new, field))
             model_changed = [getattr(cfg, f) != getattr(new, f) for f in MODEL_FIELDS]
@@ -299,6 +310,7 @@ class Runtime:
                     self.watcher.add_source(now[name])
             if removed:
                 self._forget_unconfigured()
+            restored = self._restore_removed(added)
             for name in added + moved:  # (moved with its kind or rules changed: read again)
                 self.indexer.request_scan(name, force=name in moved and dataclasses.replace(
                     old[name], root=now[name].root) != now[name])
@@ -307,10 +319,12 @@ class Runtime:
             if rechunk:
                 self.indexer.request_scan(force=True)
             self.indexer.when_idle(functools.partial(store.save_reading, sources=self._reading()))
+            retried = self.engines.retry_failed()  # whatever failed them may be fixed now
             result = {"config": str(cfg.path) if cfg.path else None, "added": added,
                       "removed": removed, "moved": moved, "changed": changed,
                       "renamed": renamed, "missing": missing, "rechunk": rechunk,
-                      "applied": applied, "restart_needed": restart, "embedding": model_note}
+                      "applied": applied, "restart_needed": restart, "embedding": model_note,
+                      "engines_retried": retried, "restored": restored}
             if model_error:
                 result["embedding_error"] = model_error
             log.info("reloaded %s: sources added %s, removed %s, moved %s, changed %s%s%s%s",
@@ -356,6 +370,22 @@ class Runtime:
             self.indexer.unconfigured = present - keep
             self.indexer.purge()
 
+    def _restore_removed(self, names: list[str]) -> list[str]:
+        """Of these configured sources, those set aside when they were removed (within the GC
+        grace period) are restored, before their scan (a job of the indexer runs first). When
+        they are read with other rules or chunking now, their scan reads every file again.
+        Returns their names."""
+        with self.ops.reads.conn() as db:
+            waiting = store.removed_sources(db)
+        back = [n for n in names if n in waiting]
+        if back:
+            self.indexer.restore(back)
+            now = self._reading()
+            for name in back:
+                if waiting[name]["reading"] not in (None, now.get(name)):
+                    self.indexer.request_scan(name, force=True)
+        return back
+
     def _schedule_gc(self, first: float) -> None:
         """Sweep the embedding cache every [gc] interval_hours, as a job of the indexer (the
         index's writer)."""
@@ -369,6 +399,9 @@ class Runtime:
                     log.log(logging.INFO if res.deleted else logging.DEBUG, "gc: %d cache entries deleted (%d bytes), %d newly unused, %d "
                              "waiting out the grace period", res.deleted, res.bytes_freed,
                              res.marked, res.waiting)
+                if res.purged_files:
+                    log.info("gc: %d files of sources removed over %.0f h ago deleted",
+                             res.purged_files, cfg.gc_grace_hours)
             except Exception:
                 log.exception("gc sweep failed")
             finally:

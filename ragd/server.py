@@ -31,6 +31,16 @@ from ragd.workers import Worker
 log = logging.getLogger("ragd.server")
 
 SEND_TIMEOUT = 30.0  # a client that stops reading for this long is dropped
+# A message begun must go on arriving: a frame or line that gets no byte for this long is
+# dropped with its connection (held half-sent, each would keep a thread and a connection slot
+# for good). Between messages a connection may stay silent as long as it likes (an editor's).
+FRAME_IDLE = 10.0
+# A refused connection (over max_connections, another user) is answered by a thread of its
+# own, which waits this long for the client's first byte to answer in its encoding; at most
+# REFUSERS of them at once, past which the reply goes out at once, as msgpack unless the
+# client's first byte is already there.
+REFUSE_WAIT = 1.0
+REFUSERS = 64
 
 
 class OpError(Exception):
@@ -170,6 +180,25 @@ def prepare_socket_path(path: Path) -> None:
                                f"socket {path}; stop it with 'ragctl stop' or set daemon.socket")
 
 
+class FrameStalled(Exception):
+    """A message was begun and nothing more of it came for FRAME_IDLE seconds."""
+
+
+def encoding_of(conn: socket.socket, wait: float) -> str:
+    """The encoding a client speaks, from its first byte (not consumed), waiting up to `wait`
+    seconds for it; msgpack when none comes."""
+    try:
+        if wait > 0:
+            poll = select.poll()  # (not select: a descriptor past 1024 is out of its range)
+            poll.register(conn, select.POLLIN)
+            if not poll.poll(wait * 1000):
+                return P.MSGPACK
+        first = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (OSError, ValueError):
+        return P.MSGPACK
+    return P.JSONL if first == b"{" else P.MSGPACK
+
+
 def linger_close(conn: socket.socket, max_bytes: int = 1 << 20, seconds: float = 0.5) -> None:
     """Close after an error reply so the peer still reads it.
 
@@ -199,6 +228,7 @@ class Server:
         self.own_uid = os.getuid()
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
+        self._refusing = 0  # refuse threads running
         self._lock = threading.Lock()
         self._closing = False
         self._accept = Worker("accept", self._accept_loop)
@@ -262,14 +292,17 @@ class Server:
                     time.sleep(0.5)
                 continue
             with self._lock:
-                full = len(self._conns) >= self.max_connections
+                n = len(self._conns)
+                full = n >= self.max_connections
                 if not full:
                     self._conns.add(conn)
             if full:
-                log.warning("refusing a connection: %d open (daemon.max_connections)",
-                            self.max_connections)
-                self._refuse(conn, P.UNAVAILABLE,
-                             f"too many connections ({self.max_connections} open)")
+                # Said once a burst, not per connection: a flood would fill the log.
+                if not self._refusing:
+                    log.warning("refusing connections: %d open (daemon.max_connections)", n)
+                self._refuse_later(conn, P.UNAVAILABLE,
+                                   f"ragd is busy: {n} connections (limit "
+                                   f"{self.max_connections}); try again in a moment")
                 continue
             try:
                 threading.Thread(target=self._serve, args=(conn,), name="conn",
@@ -278,12 +311,47 @@ class Server:
                 with self._lock:
                     self._conns.discard(conn)
                 log.warning("cannot serve a connection: %s", e)
-                self._refuse(conn, P.UNAVAILABLE, f"ragd cannot serve more connections now: {e}")
+                self._refuse_later(conn, P.UNAVAILABLE,
+                                   f"ragd cannot serve more connections now: {e}")
+
+    def _refuse_later(self, conn: socket.socket, code: str, message: str) -> None:
+        """Refuse without holding up the accept thread: a refusal waits for the client's first
+        byte and for it to read the reply (linger_close), and done on the accept thread each
+        one would hold up every client behind it."""
+        with self._lock:
+            spare = self._refusing < REFUSERS
+            if spare:
+                self._refusing += 1
+        if spare:
+            try:
+                threading.Thread(target=self._refusing_one, args=(conn, code, message),
+                                 name="refuse", daemon=True).start()
+                return
+            except RuntimeError:
+                with self._lock:
+                    self._refusing -= 1
+        # (so many at once: answered now, in the encoding of a first byte already there)
+        try:
+            conn.setblocking(False)
+            conn.send(P.pack(P.error_reply(None, code, message), encoding_of(conn, 0)))
+        except OSError:
+            pass
+        conn.close()
+
+    def _refusing_one(self, conn: socket.socket, code: str, message: str) -> None:
+        try:
+            self._refuse(conn, code, message)
+        finally:
+            with self._lock:
+                self._refusing -= 1
 
     def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
+        """An error reply, in the client's encoding (a JSON-lines client cannot read a msgpack
+        frame), then close, letting it read the reply."""
         try:
+            encoding = encoding_of(conn, REFUSE_WAIT)
             conn.settimeout(1.0)
-            conn.sendall(P.pack(P.error_reply(None, code, message)))
+            conn.sendall(P.pack(P.error_reply(None, code, message), encoding))
         except OSError:
             pass
         linger_close(conn)
@@ -304,10 +372,15 @@ class Server:
             if not first:
                 return
             conn.settimeout(SEND_TIMEOUT)  # bounds sendall; reads block in recv below
-            if first == b"{":
-                self._serve_jsonl(conn, session)
-            else:
-                self._serve_msgpack(conn, session)
+            encoding = P.JSONL if first == b"{" else P.MSGPACK
+            try:
+                if encoding == P.JSONL:
+                    self._serve_jsonl(conn, session)
+                else:
+                    self._serve_msgpack(conn, session)
+            except FrameStalled as e:
+                self._send(conn, P.error_reply(None, P.BAD_FRAME, str(e)), encoding)
+                linger_close(conn)
         except (ConnectionError, TimeoutError, OSError):
             pass
         except Exception:
@@ -321,11 +394,18 @@ class Server:
             if last:
                 _give_back_memory()
 
-    def _recv_exact(self, conn: socket.socket, n: int) -> bytes | None:
+    def _recv_exact(self, conn: socket.socket, n: int, begun: bool = True) -> bytes | None:
+        """n bytes, or None at the end of the connection. `begun`: they are part of a message
+        already begun, which must go on arriving (FRAME_IDLE); else the first may take as long
+        as the client likes (a connection idle between requests)."""
         buf = bytearray()
         while len(buf) < n:
-            conn.settimeout(None)
-            chunk = conn.recv(min(n - len(buf), 1 << 20))
+            conn.settimeout(FRAME_IDLE if begun or buf else None)
+            try:
+                chunk = conn.recv(min(n - len(buf), 1 << 20))
+            except TimeoutError:
+                raise FrameStalled(f"an incomplete message: nothing more of it came for "
+                                   f"{FRAME_IDLE:.0f} s; closing the connection") from None
             if not chunk:
                 return None
             buf += chunk
@@ -334,7 +414,7 @@ class Server:
 
     def _serve_msgpack(self, conn: socket.socket, session: Session) -> None:
         while True:
-            header = self._recv_exact(conn, P.HEADER.size)
+            header = self._recv_exact(conn, P.HEADER.size, begun=False)
             if header is None:
                 return
             (length,) = P.HEADER.unpack(header)
@@ -359,8 +439,12 @@ class Server:
                                                    f"line over {P.MAX_FRAME} bytes"), P.JSONL)
                     linger_close(conn)
                     return
-                conn.settimeout(None)
-                chunk = conn.recv(1 << 16)
+                conn.settimeout(FRAME_IDLE if buf.strip() else None)  # (a line begun)
+                try:
+                    chunk = conn.recv(1 << 16)
+                except TimeoutError:
+                    raise FrameStalled(f"an incomplete line: nothing more of it came for "
+                                       f"{FRAME_IDLE:.0f} s; closing the connection") from None
                 conn.settimeout(SEND_TIMEOUT)
                 if not chunk:
                     return

@@ -14,8 +14,10 @@ import re
 import signal
 import socket
 import sqlite3
+import stat
 import struct
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -101,6 +103,91 @@ def test_odd_names_and_odd_files_never_stop_indexing(make_daemon, tmp_path):
     consistent(db_of(tmp_path))
 
 
+
+
+def test_a_name_that_is_not_utf8_can_be_fetched(make_daemon, tmp_path):
+    """A note whose name (or folder's) is not UTF-8 is found; its result's path shows each such
+    byte as U+FFFD and `path_bytes` holds the exact bytes: get takes either (the printed one
+    while no other name prints alike), and so does `ragctl get` given the name by the shell
+    (before: get of the printed path was not_found, and the bytes could not be given)."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    raw = os.fsencode(root)
+    os.mkdir(os.path.join(raw, b"dossi\xe9r"))
+    notes = {b"caf\xe9 latin1.md": "zanzibarite", b"dossi\xe9r/na\xefve.md": "brontosaurine",
+             b"a\xe9.md": "quillwort", b"a\xe8.md": "quillwort"}  # the last two print alike
+    for name, word in notes.items():
+        with open(os.path.join(raw, name), "wb") as f:
+            f.write(f"# Note\n\nThe word {word} lives here.\n".encode())
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        import base64
+        for name, word in notes.items():
+            hits = [h for h in d.call("search", query=word, mode="bm25", k=5)["results"]
+                    if base64.b64decode(h.get("path_bytes", "")) == raw + b"/" + name]
+            assert len(hits) == 1, (name, hits)
+            hit = hits[0]
+            assert hit["path"] == os.fsencode(hit["path"]).decode() and "\ufffd" in hit["path"]
+            got = d.call("get", path_bytes=hit["path_bytes"])
+            assert word in got["text"] and got["path_bytes"] == hit["path_bytes"]
+            if name in (b"a\xe9.md", b"a\xe8.md"):  # which of the two is not said
+                with pytest.raises(P.DaemonError) as e:
+                    d.call("get", path=hit["path"])
+                assert e.value.code == P.NOT_FOUND
+            else:
+                assert word in d.call("get", path=hit["path"], line_start=3)["text"]
+            r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                                "get", raw + b"/" + name], capture_output=True, timeout=60)
+            assert r.returncode == 0 and word.encode() in r.stdout, r.stderr
+        files = {base64.b64decode(f["path_bytes"]) for f in d.call("files")["files"]}
+        assert files == {raw + b"/" + n for n in notes}
+        for bad in ("not base64!", base64.b64encode(b"relative/name.md").decode()):
+            with pytest.raises(P.DaemonError) as e:
+                d.call("get", path_bytes=bad)
+            assert e.value.code == P.BAD_ARGS, e.value
+        with pytest.raises(P.DaemonError) as e:
+            d.call("get", path=str(root / "x.md"), path_bytes=hit["path_bytes"])
+        assert e.value.code == P.BAD_ARGS and "either" in e.value.message
+
+def test_what_is_not_a_file_is_listed_alike_by_scans_and_events(make_daemon, tmp_path):
+    """A FIFO, a link to /dev/zero and a link to a folder, found by the first scan or created
+    while watched: each is listed skipped with its reason, and stays so through later scans
+    (before, one heard while watched was listed skipped, then vanished from `files` at the
+    next scan, and one found by a scan was never listed)."""
+    root = tmp_path / "notes"
+    (root / "folder").mkdir(parents=True)
+    (root / "plain.md").write_text("# Plain\n\nThe word okapi lives here.\n")
+    os.mkfifo(root / "pipe.md")
+    (root / "zero.md").symlink_to("/dev/zero")
+    (root / "dir.md").symlink_to(root / "folder")
+    want = {"pipe.md": "not a regular file (a FIFO)",
+            "zero.md": "a link to a file outside the source (/dev/zero): ragd does not follow "
+                       "links out of its sources",
+            "dir.md": "not a regular file (a folder)"}
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        os.mkfifo(root / "pipe2.md")
+        (root / "zero2.md").symlink_to("/dev/zero")
+        (root / "dir2.md").symlink_to(root / "folder")
+        (root / "after.md").write_text("# After\n\nThe word marzipanic lives here.\n")
+        want.update({k.replace(".md", "2.md"): v for k, v in want.items()})
+        deadline = time.monotonic() + 20
+        while not d.call("search", query="marzipanic", mode="bm25")["results"]:
+            assert time.monotonic() < deadline, "indexing stopped"
+            time.sleep(0.05)
+        for i in range(3):  # as heard; then after a scan, twice
+            d.wait_idle()
+            files = {Path(f["path"]).name: f for f in d.call("files")["files"]}
+            got = {n: (f["status"], f["reason"]) for n, f in files.items() if n in want}
+            assert got == {n: ("skipped", r) for n, r in want.items()}, (i, got)
+            assert files["plain.md"]["status"] == files["after.md"]["status"] == "indexed"
+            st = d.call("status")
+            assert st["sources"][0]["skipped"] == 6 and st["sources"][0]["files"] == 2, st
+            d.call("reindex", source="n")
+        no_restarts(d.call("status"))
+
 def test_a_file_that_changes_or_vanishes_while_read(tmp_path, monkeypatch):
     """The indexer thread with a file that grows, or is deleted, between its read and its write:
     what was read is written with the stat it was read at (so the next event reads it again),
@@ -152,6 +239,130 @@ def test_a_file_that_changes_or_vanishes_while_read(tmp_path, monkeypatch):
     finally:
         ix.stop()
 
+
+
+class SwapRace:
+    """The race of a fault run: V/racedir (in a source) moved aside, a link to an outside
+    O/racedir put in its place, removed, and the folder moved back, in a loop on a thread."""
+
+    def __init__(self, root: Path, outside: Path):
+        self.root, self.outside = root, outside
+        self.stop = threading.Event()
+        self.swaps = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        here, held = self.root / "racedir", self.root / ".held"
+        while not self.stop.is_set():
+            os.rename(here, held)
+            os.symlink(self.outside / "racedir", here)
+            os.unlink(here)
+            os.rename(held, here)
+            self.swaps += 1
+
+    def __enter__(self) -> "SwapRace":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_a_folder_swapped_for_a_link_never_leads_out_of_a_source(make_daemon, tmp_path):
+    """A folder of a source swapped for a link to a folder outside it, and back, in a loop,
+    while get reads a note in it and the indexer re-reads it: no get ever returns the outside
+    file, and the outside text is never indexed (before: get checked the resolved path, then
+    opened the path again, and served the outside file in 42 of 2,524 gets; search found the
+    outside text in 50 of ~290 searches)."""
+    root, outside = tmp_path / "notes", tmp_path / "outside"
+    (root / "racedir").mkdir(parents=True)
+    (outside / "racedir").mkdir(parents=True)
+    note = root / "racedir" / "note.md"
+    note.write_text("# Inside\n\nThe word insidious lives here.\n")
+    (outside / "racedir" / "note.md").write_text("# Outside\n\nThe word swordfish lives "
+                                                  "outside.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        gets = leaks = searches = found = 0
+        codes: dict[str, int] = {}
+        with SwapRace(root, outside) as race, d.client() as c:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                try:
+                    text = c.call("get", path=str(note))["text"]
+                    leaks += "swordfish" in text
+                except P.DaemonError as e:
+                    codes[e.code] = codes.get(e.code, 0) + 1
+                gets += 1
+                if gets % 10 == 0:
+                    searches += 1
+                    found += bool(c.call("search", query="swordfish", mode="bm25")["results"])
+        assert race.swaps > 100 and gets > 500, (race.swaps, gets)
+        assert leaks == 0 and found == 0, (leaks, gets, found, searches)
+        assert set(codes) <= {P.NOT_FOUND, P.FORBIDDEN}, codes  # (mid-swap: not there)
+        d.wait_idle()
+        assert not d.call("search", query="swordfish", mode="bm25")["results"]
+        assert d.call("search", query="insidious", mode="bm25")["results"]
+        assert "insidious" in d.call("get", path=str(note))["text"]
+        no_restarts(d.call("status"))
+
+
+def test_a_link_swapped_in_after_the_check_is_not_followed(tmp_path, monkeypatch):
+    """The same race, made certain: the folder is swapped for a link to an outside folder just
+    after the path was resolved and checked, before it is opened. The read is refused as a
+    change (tried again later), for the indexer's read and for get's."""
+    from ragd import config
+    from ragd.ingest import excerpt, loader, sources
+
+    root, outside = tmp_path / "notes", tmp_path / "outside"
+    for base, word in ((root, "insidious"), (outside, "swordfish")):
+        (base / "racedir").mkdir(parents=True)
+        (base / "racedir" / "note.md").write_text(f"# Note\n\nThe word {word}.\n")
+        make_pdf(base / "racedir" / "paper.pdf", [[f"The word {word} in a PDF."]])
+    cfg = config.from_dict({"sources": [{"name": "n", "path": str(root)}]}, None)
+    src = cfg.sources[0]
+    real = sources.real_inside
+
+    def resolved_then_swapped(r, path):
+        out = real(r, path)
+        if (root / "racedir").is_dir() and not (root / "racedir").is_symlink():
+            os.rename(root / "racedir", root / ".held")
+            os.symlink(outside / "racedir", root / "racedir")
+        return out
+
+    def swapped_back():
+        if (root / "racedir").is_symlink():
+            os.unlink(root / "racedir")
+            os.rename(root / ".held", root / "racedir")
+
+    locate = excerpt.locate
+
+    def located_swapped_back(path, srcs):  # each time get looks again, it is back in place
+        swapped_back()
+        return locate(path, srcs)
+
+    for name in ("note.md", "paper.pdf"):
+        monkeypatch.setattr(sources, "real_inside", resolved_then_swapped)
+        with pytest.raises(sources.Swapped) as e:
+            loader.load(src, f"racedir/{name}", 1 << 20)
+        assert e.value.retry
+        # get: swapped back before each look, swapped again before each open
+        monkeypatch.setattr(excerpt, "locate", located_swapped_back)
+        with pytest.raises(excerpt.Refused) as e:
+            excerpt.get_text(str(root / "racedir" / name), cfg.sources, None, None, 1 << 20)
+        assert e.value.code == P.NOT_FOUND and "keeps changing" in e.value.message
+        # and left swapped: the path now leads outside, which get refuses as such
+        monkeypatch.setattr(excerpt, "locate", locate)
+        with pytest.raises(excerpt.Refused) as e:
+            excerpt.get_text(str(root / "racedir" / name), cfg.sources, None, None, 1 << 20)
+        assert e.value.code == P.FORBIDDEN and "swordfish" not in e.value.message
+        swapped_back()
+        monkeypatch.setattr(sources, "real_inside", real)
+        got = excerpt.get_text(str(root / "racedir" / name), cfg.sources, None, None, 1 << 20)
+        assert "insidious" in got["text"] and "swordfish" not in got["text"]
+        assert "insidious" in " ".join(loader.load(src, f"racedir/{name}", 1 << 20).doc.lines)
 
 # -- what cannot be read or listed ----------------------------------------------------------------
 
@@ -381,15 +592,82 @@ def test_the_engine_killed_during_embedding_is_restarted_and_nothing_is_lost(mak
         no_restarts(st)
 
 
+
+def kill_until_failed(d, query: bool = False, timeout: float = 180.0) -> dict:
+    """kill -9 the embedding engine (or its query engine) each time it is up again, until
+    ragd marks it failed; its status then."""
+    deadline, last = time.monotonic() + timeout, None
+    while True:
+        e = d.call("status")["engines"]["embedding"]
+        if query:
+            e = e.get("query_engine") or {}
+        if e.get("state") == "failed":
+            return e
+        if e.get("state") == "ready" and e.get("pid") not in (None, last):
+            os.kill(e["pid"], signal.SIGKILL)
+            last = e["pid"]
+        assert time.monotonic() < deadline, e
+        time.sleep(0.02)
+
+
+def test_a_failed_engine_comes_back(make_daemon, tmp_path):
+    """The embedding engine killed until ragd marks it failed (max_restarts in the window):
+    it is tried again after a backoff, by itself, and texts written meanwhile get their
+    vectors; the query engine, failed the same way, comes back at once on a reload (before:
+    a failed engine stayed down until ragd was restarted, past the window and reloads alike,
+    and search stayed on BM25)."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="[engines]\nmax_restarts = 2\n"
+                                              "failed_retry = 3\n"))
+    with d:
+        wait_embedded(d)
+        e = kill_until_failed(d)
+        assert "failed 2 times within 300s" in e["reason"], e["reason"]
+        assert e["next_try"] and e["next_try"] - time.time() <= 3.5, e
+        (root / "later.md").write_text("# Later\n\nWritten while the engine was down: "
+                                       "a heron stood in the reeds.\n")
+        st = wait_embedded(d, timeout=120)  # only once the engine is back
+        e = st["engines"]["embedding"]
+        assert e["state"] == "ready" and e["next_try"] is None and e["pending_texts"] == 0
+        assert "trying again in 3 s" in (tmp_path / "data" / "ragd.log").read_text()
+        res = d.call("search", query="a grey bird standing in water", mode="vector", k=3)
+        assert not res["degraded"] and res["results"][0]["path"].endswith("later.md"), res
+    # the same, for the query engine, with the next try far off: a reload tries it now
+    cfg = d.config.read_text().replace("failed_retry = 3", "failed_retry = 3600")
+    d.config.write_text(cfg)
+    with d:
+        wait_embedded(d)
+        e = kill_until_failed(d, query=True)
+        assert e["next_try"] - time.time() > 20, e
+        r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                            "status"], capture_output=True, text=True, timeout=60)
+        assert "query engine tried again in" in r.stdout, r.stdout
+        assert d.call("reload")["engines_retried"] == ["query"]
+        deadline = time.monotonic() + 20  # well before its next try (30 s)
+        while (q := d.call("status")["engines"]["embedding"]["query_engine"])["state"] != \
+                "ready":
+            assert time.monotonic() < deadline, q
+            time.sleep(0.05)
+        assert d.call("reload")["engines_retried"] == []  # nothing failed now
+        no_restarts(d.call("status"))
+
 # -- the socket -----------------------------------------------------------------------------------
 
-def fuzz_values(rng: random.Random):
+def fuzz_values(rng: random.Random, inside: Path | None = None):
+    """Wrong-typed and hostile values; with `inside` (a source's folder) also paths within it
+    that no file system can hold: a name over 255 bytes, a path over 4096 (each was an
+    `internal` error: ENAMETOOLONG)."""
     deep = []
     for _ in range(200):
         deep = [deep]
-    return [None, True, False, 0, -1, 2**63 - 1, 2**64 - 1, -2**63, 1.5, float("nan"),
-            float("inf"), "", "x" * 100000, "\x00", "../../etc/passwd", b"\xff\xfe", [], [1, "a"],
-            ["no such source"], {}, {"a": {"b": [1]}}, deep, rng.random()]
+    values = [None, True, False, 0, -1, 2**63 - 1, 2**64 - 1, -2**63, 1.5, float("nan"),
+              float("inf"), "", "x" * 100000, "\x00", "../../etc/passwd", b"\xff\xfe", [],
+              [1, "a"], ["no such source"], {}, {"a": {"b": [1]}}, deep, rng.random()]
+    if inside is not None:
+        values += [f"{inside}/{'x' * 256}.md", f"{inside}/{'é' * 130}/a.md",
+                   f"{inside}/" + "/".join(["folder"] * 700) + "/a.md"]
+    return values
 
 
 FUZZ_OPS = [op for op in ARGS if op not in ("stop", "events", "models_pull", "wait")]
@@ -400,13 +678,13 @@ def _frame(msg) -> bytes:
     return P.HEADER.pack(len(body)) + body
 
 
-def fuzz_frames(n: int, seed: int = 1) -> list[tuple[bytes, bool]]:
+def fuzz_frames(n: int, seed: int = 1, inside: Path | None = None) -> list[tuple[bytes, bool]]:
     """(bytes, a reply is due): every op with every wrong-typed value for each argument, then
     random bytes, truncated frames, deep and huge msgpack, non-requests and broken JSON lines
     up to n. (stop, events, models_pull and wait are left out: they stop, stream, reach the
-    network or block by design.)"""
+    network or block by design.) `inside`: a source's folder, for paths within it."""
     rng = random.Random(seed)
-    values = fuzz_values(rng)
+    values = fuzz_values(rng, inside)
     frames: list[tuple[bytes, bool]] = []
     for op in FUZZ_OPS:
         for arg in ARGS[op]:
@@ -551,7 +829,7 @@ def test_fuzzed_frames_and_many_clients_never_hurt_the_daemon(make_daemon, tmp_p
         hammer(d.socket, 50, 2.0)
         time.sleep(1.1)  # the memory given back after a burst (at most once a second)
         before = rss_kb(d.proc.pid)
-        frames = fuzz_frames(1500)
+        frames = fuzz_frames(1500, inside=tmp_path / "vaults" / "obsidian-tasks-docs")
         out = send_fuzz(d.socket, frames)
         assert out["replies"] == sum(due for _, due in frames) and out["errors"] > 1000, out
         n, errors = hammer(d.socket, 50, 5.0)
@@ -593,3 +871,359 @@ def test_a_hung_engine_is_found_and_replaced(make_daemon, tmp_path):
             os.kill(pid, 0)  # the hung one is gone, not orphaned
         res = d.call("search", query="make a task repeat", mode="hybrid")
         assert not res["degraded"] and res["results"]
+
+
+def test_a_huge_query_is_refused_at_once(make_daemon, tmp_path):
+    """A 1 MB query (a pasted file) is a bad argument answered at once: it cost 24 s of BM25 and
+    line matching on obsidian-hub, holding a core. One at the bounds still answers."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}])
+    with d:
+        d.wait_idle()
+        text = " ".join(p.read_text() for p in sorted(root.rglob("*.md")))
+        huge = (text * (1 + (1 << 20) // len(text)))[:1 << 20]
+        words = ("recurring task " * 600).strip()  # 1,200 words in 9 KB
+        with d.client() as c:
+            for query, op, arg in ((huge, "search", "query"), (words, "search", "query"),
+                                   ("é" * 4097, "search", "query"), (huge, "ask", "question")):
+                t0 = time.monotonic()
+                with pytest.raises(P.DaemonError) as e:
+                    c.call(op, **{arg: query})
+                assert time.monotonic() - t0 < 2.0
+                assert e.value.code == P.BAD_ARGS and "at most 8192 bytes and 1000 words" in \
+                    e.value.message, e.value.message
+                assert f"the {arg} is {len(query.encode())} bytes" in e.value.message
+            at_bounds = " ".join(text.split()[:1000])[:8192]
+            res = c.call("search", query=at_bounds, mode="bm25")
+            assert res["results"] and res["query_chars"] == len(at_bounds)
+        no_restarts(d.call("status"))
+
+
+# -- other users ----------------------------------------------------------------------------------
+
+def _open_to_others(top: Path) -> list[str]:
+    out = []
+    for folder, dirs, files in os.walk(top):
+        for p in [folder, *(os.path.join(folder, f) for f in files)]:
+            if os.path.basename(p) != "models" and "/models/" not in p \
+                    and os.lstat(p).st_mode & 0o077:
+                out.append(f"{p} {os.lstat(p).st_mode & 0o777:o}")
+    return out
+
+
+def test_what_ragd_writes_is_private_whatever_the_umask(make_daemon, tmp_path):
+    """Started with umask 000 on a data dir that exists as 0755, holding an index and a log an
+    older ragd left 0644: every file ragd writes there (index, WAL, tantivy index, logs) ends
+    up its user's alone, and status warns that the data dir itself is open. (Before: the index
+    was created 0644, readable by any user.) A data dir ragd creates is 0700, with no warning."""
+    root = small_vault(tmp_path / "vault")
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    os.chmod(data, 0o755)
+    old = sqlite3.connect(data / "index.sqlite3")  # an index of an older ragd, 0644
+    old.execute("PRAGMA user_version = 0")
+    old.close()
+    (data / "ragd.log").write_text("an older ragd's log\n")
+    for f in ("index.sqlite3", "ragd.log"):
+        os.chmod(data / f, 0o644)
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    wrap=["sh", "-c", 'umask 000 && exec "$@"', "sh"])
+    with d:
+        st = d.wait_idle()
+        assert d.call("search", query="recurring", mode="bm25")["results"]
+        assert (data / "index.sqlite3-wal").exists() and (data / "bm25").is_dir()
+        assert _open_to_others(data) == [f"{data} 755"]
+        hint = [h for h in st["hints"] if "open to other users" in h]
+        assert hint and f"chmod 700 {data}" in hint[0], st["hints"]
+    assert "is open to other users (mode 755)" in (data / "ragd.log").read_text()
+    # a data dir of its own making: private, nothing to say
+    fresh = tmp_path / "fresh"
+    (tmp_path / "config.toml").write_text((tmp_path / "config.toml").read_text().replace(
+        f'data_dir = "{data}"', f'data_dir = "{fresh}"'))
+    with d:
+        st = d.wait_idle()
+        assert _open_to_others(fresh) == [] and not any("open to other" in h for h in st["hints"])
+        assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o700
+
+
+
+def as_nobody(fn) -> str:
+    """Run fn() in a forked child that has become uid/gid 65534 (nobody); what it returns (a
+    str), or its error."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)
+            out = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out = f"child: {e!r}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return data.decode()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_another_user_is_refused_in_their_encoding(make_daemon, tmp_path):
+    """Another user's JSON-lines client gets the refusal as a JSON line (it was a msgpack frame
+    it could not read), and ragctl as another user prints the reason (it printed "reply for
+    id None, expected 1"). Only the uid check stands in the way: the modes are opened."""
+    import tempfile
+    run = Path(tempfile.mkdtemp(prefix="ragd-peer-", dir="/tmp"))
+    try:
+        d = make_daemon(socket=run / "ragd" / "ragd.sock",
+                        sources=[{"name": "v", "path": str(small_vault(tmp_path / "v"))}])
+        with d:
+            os.chmod(run, 0o711)
+            os.chmod(d.socket.parent, 0o711)
+            os.chmod(d.socket, 0o666)
+
+            def jsonl() -> str:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.settimeout(10)
+                    s.connect(str(d.socket))
+                    s.sendall(b'{"id": 1, "op": "ping"}\n')
+                    data = b""
+                    while chunk := s.recv(4096):
+                        data += chunk
+                return data.decode()
+
+            import json
+            line = as_nobody(jsonl)
+            assert line.endswith("\n") and line.count("\n") == 1, line
+            reply = json.loads(line)
+            assert reply["id"] is None and reply["error"]["code"] == P.FORBIDDEN, reply
+            assert "uid 65534 may not use this daemon" in reply["error"]["message"]
+
+            def ragctl_status() -> str:  # ragctl's own main, as that user
+                import io
+                from ragctl import cli
+                sys.stderr = io.StringIO()
+                rc = cli.main(["--socket", str(d.socket), "status"])
+                return f"{rc} {sys.stderr.getvalue()}"
+
+            out = as_nobody(ragctl_status)
+            assert out.startswith("1 ragctl: uid 65534 may not use this daemon (owned by uid "
+                                  "0) (forbidden)"), out
+            assert d.call("ping")["pid"] == d.proc.pid
+    finally:
+        import shutil
+        shutil.rmtree(run, ignore_errors=True)
+
+
+# -- the config ----------------------------------------------------------------------------------
+
+def test_a_bad_save_of_the_config_loses_nothing(make_daemon, tmp_path):
+    """A config saved empty, then cut short (one source of two), and reloaded: the empty one is
+    refused (it named no source: before, it removed and purged every one); the short one sets
+    the missing source aside, not purged; the config fixed, the source is back as it was at
+    once, nothing read again but what changed meanwhile; across a restart too. `sources = []`
+    said outright is taken; gc past the grace period deletes what was set aside."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root, word in ((a, "aardvark"), (b, "bandicoot")):
+        root.mkdir()
+        for i in range(20):
+            (root / f"note {i}.md").write_text(f"# Note {i}\n\nThe {word}{i} lives here.\n")
+    d = make_daemon(sources=[{"name": "a", "path": str(a)}, {"name": "b", "path": str(b)}])
+    whole = d.config.read_text()
+
+    def reload():
+        with d.client() as c:
+            return c.call("reload")
+
+    def found(word):
+        return d.call("search", query=word, mode="bm25", k=50)["results"]
+
+    with d:
+        d.wait_idle()
+        d.config.write_text("")
+        with pytest.raises(P.DaemonError) as e:
+            reload()
+        assert e.value.code == P.BAD_CONFIG and "names no source at all" in e.value.message
+        assert "sources = []" in e.value.message
+        st = d.call("status")
+        assert [s["name"] for s in st["sources"]] == ["a", "b"]
+        assert any("names no source" in h for h in st["hints"])
+        assert found("aardvark3") and found("bandicoot3")
+        # cut short after the first source
+        d.config.write_text(whole[:whole.index("[[sources]]", whole.index("[[sources]]") + 1)])
+        res = reload()
+        assert res["removed"] == ["b"] and res["restored"] == []
+        d.wait_idle()
+        assert not found("bandicoot3") and found("aardvark3")
+        assert not any(f["source"] == "b" for f in d.call("files")["files"])
+        st = d.call("status")
+        assert any("'b' is no longer in the config: its 20 files are set aside" in h
+                   for h in st["hints"]), st["hints"]
+        # meanwhile, one of b's notes changes and one goes
+        (b / "note 1.md").write_text("# Note 1\n\nThe wombat lives here now.\n")
+        (b / "note 2.md").unlink()
+        indexed = st["totals"]["files_indexed"]
+        d.config.write_text(whole)
+        res = reload()
+        assert res["added"] == ["b"] and res["restored"] == ["b"]
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == indexed + 1  # note 1, not the 18 others
+        assert found("bandicoot3") and found("wombat") and not found("bandicoot2")
+        assert st["sources"][1]["files"] == 19
+        assert not any("no longer in the config" in h for h in st["hints"])
+        # said outright: every source goes (set aside)
+        d.config.write_text("sources = []\n" + whole[:whole.index("[[sources]]")])
+        assert sorted(reload()["removed"]) == ["a", "b"]
+        d.wait_idle()
+        assert not found("aardvark3")
+    # set aside across a restart: back at start, read again for nothing
+    d.config.write_text(whole)
+    with d:
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == 0, st["totals"]
+        assert found("aardvark3") and found("bandicoot3") and found("wombat")
+        # past the grace period, gc deletes what is set aside
+        d.config.write_text(whole[:whole.index("[[sources]]", whole.index("[[sources]]") + 1)])
+        reload()
+        d.wait_idle()
+        assert d.call("gc", grace_hours=0)["purged_files"] == 19
+        d.config.write_text(whole)
+        assert reload()["restored"] == []
+        st = d.wait_idle()
+        assert st["totals"]["files_indexed"] == 19 and found("bandicoot3")
+        # ragctl removing the last source says so outright (sources = []): taken
+        for name in ("a", "b"):
+            r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                                "sources", "remove", name], capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, r.stderr
+        assert "sources = []" in d.config.read_text()
+        st = d.wait_idle()
+        assert st["sources"] == [] and not any("names no source" in h for h in st["hints"])
+        no_restarts(st)
+    consistent(db_of(tmp_path))
+
+# -- where ragd is started from -------------------------------------------------------------------
+
+def test_ragctl_start_from_a_folder_holding_a_folder_named_ragd(make_daemon, tmp_path):
+    """`ragctl start` in a folder that holds a folder named ragd (a checkout, a project): the
+    daemon started as `python -m ragd` imported that folder ("cannot import name '__version__'
+    from 'ragd'") and never came up. It starts, with its working folder at /, and stops."""
+    script = Path(sys.executable).parent / "ragctl"  # as a user runs it: the console script
+    if not script.exists():
+        pytest.fail(f"no ragctl console script beside {sys.executable} (pip install -e .)")
+    d = make_daemon(sources=[{"name": "v", "path": str(small_vault(tmp_path / "vault"))}])
+    here = tmp_path / "project"
+    (here / "ragd").mkdir(parents=True)
+    (here / "ragd" / "__init__.py").write_text("")  # a package that is not ragd
+    (here / "ragd" / "__main__.py").write_text("raise SystemExit('the wrong ragd ran')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGD_")}
+
+    def run(*args):
+        return subprocess.run([str(script), "--config", str(d.config), *args], cwd=here,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    r = run("start")
+    assert r.returncode == 0 and "ragd started" in r.stdout, (r.stdout, r.stderr)
+    try:
+        pid = d.call("ping")["pid"]
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"
+        d.wait_idle()
+        assert d.call("search", query="recurring", mode="bm25")["results"]
+    finally:
+        r = run("stop")
+    assert r.returncode == 0 and "stopped" in r.stdout, (r.stdout, r.stderr)
+
+
+# -- more clients than the daemon takes -----------------------------------------------------------
+
+def hold_connections(sock_path: Path, n: int, send: bytes = b"") -> list[socket.socket]:
+    """n connections that send `send` (nothing, or part of a message) and then say nothing."""
+    held = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(30)
+        s.connect(str(sock_path))
+        if send:
+            s.sendall(send)
+        held.append(s)
+    return held
+
+
+def refused_in(sock_path: Path, jsonl: bool = False) -> tuple[float, dict]:
+    """A new client's ping: (seconds until its reply, the reply)."""
+    t0 = time.monotonic()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(120)
+        s.connect(str(sock_path))
+        try:
+            s.sendall(b'{"id": 1, "op": "ping"}\n' if jsonl else _frame({"id": 1, "op": "ping"}))
+        except BrokenPipeError:  # refused before the request went out: the reply is there
+            pass
+        reply = read_reply(s, jsonl)
+    return time.monotonic() - t0, reply
+
+
+def test_over_the_connection_limit_a_new_client_is_told_at_once(make_daemon, tmp_path):
+    """300 connections held open saying nothing (the limit is 256), some of them half-way
+    through a frame or a line: a new client is told at once that ragd is busy, in its own
+    encoding, and ragctl prints it (before: the accept thread lingered 0.5 s on each refused
+    connection, so a new client waited ~22 s, then got an `id: null` reply that ragctl called
+    "reply for id None, expected 1"). The half-sent messages time out and free their slots."""
+    d = make_daemon(sources=[{"name": "v", "path": str(small_vault(tmp_path / "vault"))}])
+    with d:
+        d.wait_idle()
+        half_frames = hold_connections(d.socket, 30, P.HEADER.pack(100)[:2])
+        half_lines = hold_connections(d.socket, 30, b'{"id": 1, "op": "pi')
+        silent = hold_connections(d.socket, 240)
+        try:
+            took, reply = refused_in(d.socket)
+            assert took < 3.0, took
+            assert reply["id"] is None and reply["error"]["code"] == P.UNAVAILABLE
+            assert reply["error"]["message"].startswith("ragd is busy: 256 connections "
+                                                        "(limit 256)"), reply
+            took, reply = refused_in(d.socket, jsonl=True)
+            assert took < 3.0 and reply["error"]["code"] == P.UNAVAILABLE, (took, reply)
+            r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                                "status"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1 and r.stderr.startswith(
+                "ragctl: ragd is busy: 256 connections (limit 256)"), r.stderr
+            with pytest.raises(P.DaemonError) as e:
+                d.call("ping")
+            assert e.value.code == P.UNAVAILABLE and "busy" in e.value.message
+            # A message begun and left half-sent is dropped after server.FRAME_IDLE (10 s),
+            # saying why; a connection that has sent nothing is left alone.
+            for s in half_frames + half_lines:
+                reply = read_reply(s, jsonl=s in half_lines)
+                assert reply is not None and reply["error"]["code"] == P.BAD_FRAME, reply
+                assert "incomplete" in reply["error"]["message"]
+                assert s.recv(1) == b""  # then closed
+                s.close()
+            deadline = time.monotonic() + 10
+            while True:  # their slots are free once the daemon has closed its ends
+                try:
+                    assert d.call("ping")["pid"] == d.proc.pid
+                    break
+                except P.DaemonError as e:
+                    assert e.code == P.UNAVAILABLE and time.monotonic() < deadline, e
+                    time.sleep(0.05)
+            s = silent[0]
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)  # still open
+        finally:
+            for s in half_frames + half_lines + silent:
+                s.close()
+        deadline = time.monotonic() + 30
+        while (conns := d.call("status")["connections"])["open"] > 1:  # (this one)
+            assert time.monotonic() < deadline, conns
+            time.sleep(0.05)
+        assert conns == {"open": 1, "limit": 256}
+        n, errors = hammer(d.socket, 20, 2.0)
+        assert not errors and n > 20, errors[:3]
+        no_restarts(d.call("status"))
+

@@ -108,6 +108,14 @@ def test_paths_outside_the_sources_are_refused(docs, tmp_path):
         assert (e.code, e.message) == (P.BAD_ARGS, "get: path contains a NUL character"), path
     e = err(d, path=str(root / "binary.md"))
     assert e.code == P.BAD_ARGS and "binary" in e.message
+    # A name no file system holds (over 255 bytes: 'é' is two) or a path over 4096 bytes,
+    # inside a source: a bad argument, not ENAMETOOLONG as an internal error
+    for path, what in ((root / ("x" * 256), "256 bytes"), (root / ("é" * 128) / "a.md",
+                                                          "256 bytes"),
+                       (root.joinpath(*["folder"] * 700, "a.md"), "the path is")):
+        e = err(d, path=str(path))
+        assert e.code == P.BAD_ARGS and what in e.message, (e.code, e.message)
+    assert d.call("get", path=str(root / ("é" * 127) / ".." / "plain.txt"), line_end=1)
     # ... and search does not show it either: a link out of a source is not indexed
     skipped = {f["path"]: f for f in d.call("files", status="skipped", limit=100)["files"]}
     reason = skipped[str(root / "leak.md")]["reason"]

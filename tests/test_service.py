@@ -27,7 +27,7 @@ def test_reference_files_are_what_ragctl_writes():
         service.launchd_plist("/usr/bin/python3", Path("/Users/me"))
     with open(ROOT / "service" / "org.ragd.daemon.plist", "rb") as f:
         plist = plistlib.load(f)
-    assert plist["ProgramArguments"] == ["/usr/bin/python3", "-m", "ragd"]
+    assert plist["ProgramArguments"] == ["/usr/bin/python3", "-P", "-m", "ragd"]
     assert plist["KeepAlive"] == {"SuccessfulExit": False} and plist["RunAtLoad"] is True
 
 
@@ -42,8 +42,8 @@ def test_service_install_writes_a_unit_systemd_accepts_and_that_runs_ragd(make_d
     assert str(unit) in r.stdout
     parsed = _unit(unit)
     cmd = shlex.split(parsed["Service"]["ExecStart"])
-    assert cmd[:3] == [sys.executable, "-m", "ragd"]  # this installation's interpreter
-    assert cmd[3:] == ["--config", str(d.config)]
+    assert cmd[:4] == [sys.executable, "-P", "-m", "ragd"]  # this installation's interpreter
+    assert cmd[4:] == ["--config", str(d.config)]
     assert parsed["Service"]["Restart"] == "on-failure"
     assert "--background" not in cmd  # the foreground: the service manager supervises it
     _verify(unit, env, tmp_path)
@@ -69,7 +69,7 @@ def test_service_install_names_the_config_ragctl_uses(tmp_path):
     assert r.returncode == 0, r.stderr
     unit = xdg / "systemd" / "user" / "ragd.service"
     cmd = shlex.split(_unit(unit)["Service"]["ExecStart"])
-    assert cmd == [sys.executable, "-m", "ragd", "--config", str(cfg)], cmd
+    assert cmd == [sys.executable, "-P", "-m", "ragd", "--config", str(cfg)], cmd
     assert f"(ragd reads {cfg})" in r.stdout, r.stdout
     _verify(unit, env, tmp_path)
     assert _runs_ragd(cmd, sock)["config"] == str(cfg)
@@ -77,7 +77,7 @@ def test_service_install_names_the_config_ragctl_uses(tmp_path):
     r = ragctl("service", "install", "--no-start", env={**env, "RAGD_CONFIG": str(other)})
     assert r.returncode == 0, r.stderr
     cmd = shlex.split(_unit(unit)["Service"]["ExecStart"])
-    assert cmd == [sys.executable, "-m", "ragd", "--config", str(other)], cmd
+    assert cmd == [sys.executable, "-P", "-m", "ragd", "--config", str(other)], cmd
     ragctl("service", "uninstall", env=_no_user_bus(env, tmp_path))
     assert not unit.exists()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 
 from ragd.engines import models
 from ragd.engines.models import ModelError, ResolvedModel
@@ -49,7 +50,8 @@ class Engines:
         self._stopped = threading.Event()
         self.settings = EngineSettings(cfg.llama_server, cfg.engine_threads,
                                        cfg.engine_startup_timeout, cfg.engine_max_restarts,
-                                       cfg.engine_restart_window, cfg.engine_health_interval)
+                                       cfg.engine_restart_window, cfg.engine_health_interval,
+                                       failed_retry=cfg.engine_failed_retry)
 
     @property
     def configured(self) -> dict[str, str]:
@@ -240,8 +242,18 @@ class Engines:
         engine = self.engine(role)
         if engine is not None and not engine.ready:
             why = f": {engine.reason.splitlines()[0]}" if engine.reason else ""
+            if engine.state == "failed" and engine.next_try:
+                why += (f"; tried again in {max(0, engine.next_try - time.time()):.0f} s, or "
+                        f"at once by 'ragctl reload'")
             return f"the {role} engine is {engine.state}{why}"
         return None
+
+    def retry_failed(self) -> list[str]:
+        """Every engine left failed is tried again now (a reload). Returns their roles."""
+        with self._lock:
+            engines = [e for e in (self.embed_engine, self.query_engine, self.next_engine,
+                                   self.rerank_engine, self.gen_engine) if e is not None]
+        return [e.role for e in engines if e.retry()]
 
     def stop(self) -> None:
         self._stopped.set()
@@ -270,7 +282,8 @@ class Engines:
         if self.query_engine is not None and "embedding" in out:
             q = self.query_engine.status()
             out["embedding"]["query_engine"] = {k: q[k] for k in ("state", "pid", "restarts",
-                                                                  "reason", "nice")}
+                                                                  "reason", "nice",
+                                                                  "next_try")}
         return out
 
     def query_engine_ready(self, model: ResolvedModel | None = None) -> Engine | None:

@@ -9,7 +9,10 @@ way. A monitor thread per engine:
 - watches it: a process that exits, or a ``/health`` that fails HUNG_CHECKS times in a row, is
   killed and restarted after an exponential backoff (capped at BACKOFF_MAX);
 - after ``max_restarts`` failures within ``restart_window`` seconds the engine is marked
-  ``failed``, with the last lines of its log as the reason, and left down.
+  ``failed``, with the last lines of its log as the reason, and tried again after a longer
+  backoff (BACKOFF_MAX doubling up to ``failed_retry``, 5 min by default), or at once when
+  asked (``retry``: a reload): left down, it would leave search on BM25 and every new text
+  unembedded until ragd was restarted.
 
 No orphans: children run in their own process group, get SIGTERM then SIGKILL on stop, and have
 PR_SET_PDEATHSIG set so the kernel kills them if ragd itself dies (even by SIGKILL). Logs go to
@@ -62,6 +65,9 @@ class EngineSettings:
     # once, on its pidfd). Each check costs the engine ~10 ms of CPU: every 2 s was 0.5% of a
     # core of an idle daemon.
     health_interval: float = 30.0
+    # An engine marked failed is tried again after this long at most (the first try sooner:
+    # BACKOFF_MAX, doubling): what made it fail (memory, a disk, a killer) often passes.
+    failed_retry: float = 300.0
     # Scheduling priority of the process (os.nice): the bulk embedding engine runs at a lower
     # priority than the query engine, so a query's embedding is not slowed by a bulk batch
     # sharing the cores (and bulk loses nothing when no query runs).
@@ -145,6 +151,8 @@ class Engine:
         self._failures: collections.deque[float] = collections.deque()
         self._stop = threading.Event()
         self._ready = threading.Event()
+        self._retry = threading.Event()  # a failed engine: try again now (reload, stop)
+        self.next_try: float | None = None  # when a failed engine is tried again (Unix time)
         self._lock = threading.Lock()
         self._pidfd: int | None = None
         self.worker = Worker(f"engine-{role}", self._monitor,
@@ -164,8 +172,17 @@ class Engine:
     def ready(self) -> bool:
         return self._ready.is_set()
 
+    def retry(self) -> bool:
+        """A failed engine is tried again now (a reload asks); False when it is not failed."""
+        if self.state != FAILED:
+            return False
+        log.info("%s engine: trying the failed engine again now", self.role)
+        self._retry.set()
+        return True
+
     def stop(self) -> None:
         self._stop.set()
+        self._retry.set()
         self._kill("stopping")
         self.worker.stop(15)
         self.state = STOPPED
@@ -182,7 +199,9 @@ class Engine:
                 "model_path": str(self.model.path),
                 "engine": self.settings.llama_server or "bundled (xllamacpp)",
                 "nice": self.settings.nice, "socket": str(self.socket),
-                "log": str(self.log_path)}
+                "log": str(self.log_path),
+                "next_try": round(self.next_try, 3) if self.state == FAILED and self.next_try
+                else None}
 
     def _cap_log(self) -> None:
         """Keep the engine's log under LOG_CAP_BYTES, as logrotate's copytruncate does: the
@@ -266,6 +285,7 @@ class Engine:
 
     def _monitor(self) -> None:
         backoff = BACKOFF_START
+        retry_in = min(BACKOFF_MAX, self.settings.failed_retry)  # once failed
         while not self._stop.is_set():
             self.state = STARTING if self.restarts == 0 else RESTARTING
             t0 = time.monotonic()
@@ -273,7 +293,10 @@ class Engine:
                 proc = self._spawn()
             except OSError as e:
                 self._failed(f"cannot start {self.role} engine: {e}")
-                return
+                if not self._wait_retry(retry_in):
+                    return
+                retry_in = min(retry_in * 2, self.settings.failed_retry)
+                continue
             with self._lock:
                 self._proc = proc
                 self._open_pidfd(proc)
@@ -281,6 +304,7 @@ class Engine:
             if self._wait_health(proc):
                 self.state, self.reason = READY, None
                 self.ready_since = time.time()
+                retry_in = min(BACKOFF_MAX, self.settings.failed_retry)
                 self._ready.set()
                 log.info("%s engine ready (pid %d, %.2fs, model %s)", self.role, proc.pid,
                          time.monotonic() - t0, self.model.name)
@@ -304,7 +328,13 @@ class Engine:
                 self._failed(f"{self.role} engine failed {len(self._failures)} times within "
                              f"{self.settings.restart_window:.0f}s; last: {self.reason}\n"
                              f"{self.tail_log()}")
-                return
+                if not self._wait_retry(retry_in):
+                    return
+                retry_in = min(retry_in * 2, self.settings.failed_retry)
+                self._failures.clear()
+                backoff = BACKOFF_START
+                self.restarts += 1
+                continue
             self.state = RESTARTING
             log.info("restarting the %s engine in %.1fs", self.role, backoff)
             if self._stop.wait(backoff):
@@ -364,3 +394,12 @@ class Engine:
         self.state, self.reason = FAILED, reason
         self._ready.clear()
         log.error("%s", reason)
+
+    def _wait_retry(self, delay: float) -> bool:
+        """Failed: wait `delay` seconds, or until retry() or stop(); False when stopping."""
+        self.next_try = time.time() + delay
+        log.info("%s engine: trying again in %.0f s (or at a reload)", self.role, delay)
+        self._retry.wait(delay)
+        self._retry.clear()
+        self.next_try = None
+        return not self._stop.is_set()

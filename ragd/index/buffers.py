@@ -315,12 +315,13 @@ class BufferStore:
             self._vectors.popitem(last=False)
 
     def _equals_disk(self, b: Buffer) -> bool:
-        try:
-            with open(b.path, "rb") as f:
-                data = f.read(self.cfg.max_file_bytes + 1)
-        except OSError:
+        src = self.cfg.source(b.source)
+        try:  # read inside its source, as get reads (a link swapped in is not followed out)
+            data = sources.read_bytes(b.path, self.cfg.max_file_bytes,
+                                      src.root if src else None)
+        except sources.Unreadable:
             return False
-        return sources.content_hash(data) == b.hash
+        return data.hash == b.hash
 
     def _run(self) -> None:
         """Embed the buffers' new texts, a few at a time, with the query engine when it runs

@@ -5,6 +5,9 @@ space, so that switching back to an earlier model costs nothing. An entry nothin
 deleted at once: a sweep marks it orphaned, and a later sweep deletes it once it has been
 orphaned for the grace period ([gc] grace_hours, 24 h by default), so that an undo or a branch
 switch re-uses it instead of embedding again. An entry used again is unmarked.
+
+The same grace period applies to the sources removed from the config: their files and chunks
+are set aside (store.set_aside), and a sweep deletes those set aside for longer than it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class GCResult:
     deleted: int
     bytes_freed: int
     waiting: int  # unused, still within the grace period
+    purged_files: int = 0  # of sources removed longer ago than the grace period
 
     def as_dict(self) -> dict:
         return self.__dict__.copy()
@@ -47,4 +51,11 @@ def sweep(db: sqlite3.Connection, grace_s: float, now: float | None = None) -> G
                    "c.embed_hash = embed_failures.text_hash)")
         waiting = db.execute("SELECT COUNT(*) FROM embeddings WHERE orphaned_at IS NOT NULL"
                              ).fetchone()[0]
-    return GCResult(marked, freed[0], freed[1], waiting)
+        expired = [r[0] for r in db.execute("SELECT source FROM removed_sources WHERE "
+                                            "removed_at <= ?", (cutoff,))]
+        purged = 0
+        for name in expired:
+            purged += db.execute("DELETE FROM removed_files WHERE source = ?",
+                                 (name,)).rowcount
+            db.execute("DELETE FROM removed_sources WHERE source = ?", (name,))
+    return GCResult(marked, freed[0], freed[1], waiting, purged)

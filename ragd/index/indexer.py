@@ -247,10 +247,12 @@ class Indexer:
     # -- the indexer thread ---------------------------------------------------------------------
 
     def purge(self) -> Future:
-        """Remove the rows of every source the config does not name (a source removed or
-        renamed): its files, chunks and FTS rows, in batches. The embedding cache keeps their
-        vectors for the GC grace period, so adding the folder again (under any name) embeds
-        nothing."""
+        """Set aside the rows of every source the config does not name (a source removed or
+        renamed): its files and chunks leave the index (and FTS, the vectors) for
+        removed_files, in batches, where they wait out the GC grace period. Added back
+        under its name within it, the source is restored as it was (restore): a config saved
+        empty or cut short loses nothing. Its vectors stay cached as long, so adding the
+        folder again under another name embeds nothing either."""
         return self.run_job(self._purge)
 
     def _purge(self, db) -> int:
@@ -261,6 +263,10 @@ class Indexer:
         for name in sorted(self.unconfigured):
             t0 = time.monotonic()
             n = 0
+            with store.transaction(db, self._stop):
+                db.execute("INSERT OR REPLACE INTO removed_sources (source, reading, "
+                           "removed_at) VALUES (?, ?, ?)",
+                           (name, json.dumps(store.reading(db).get(name)), time.time()))
             while True:
                 ids = [r[0] for r in db.execute("SELECT id FROM files WHERE source = ? LIMIT 500",
                                                  (name,))]
@@ -269,8 +275,7 @@ class Indexer:
                 changes = store.Changes() if self._tracking else None
                 store.begin(db, self._stop)
                 try:
-                    for fid in ids:
-                        store.delete_file(db, fid, changes)
+                    store.set_aside(db, name, ids, changes)
                     self._commit(changes)
                 except BaseException:
                     self._abort()
@@ -278,12 +283,46 @@ class Indexer:
                 n += len(ids)
             db.execute("DELETE FROM counts WHERE source = ?", (name,))
             self.stats.per_source.pop(name, None)
-            log.info("source %s is no longer configured: %d files purged from the index "
-                     "(%.1fs); their embeddings stay cached for the GC grace period", name, n,
-                     time.monotonic() - t0)
+            log.info("source %s is no longer configured: %d files set aside (%.1fs), kept for "
+                     "the GC grace period with their embeddings: added back under this name, "
+                     "it is restored as it was", name, n, time.monotonic() - t0)
             removed += n
         self.unconfigured = set()
         return removed
+
+    def restore(self, names: list[str]) -> Future:
+        """Put back the set-aside rows of these sources (configured again: a removal undone)
+        before they are scanned (a job runs before queued scans): their files as they were
+        indexed, chunks and vectors (from the cache) included; the scan then reads what
+        changed meanwhile. The future holds {name: files restored}."""
+        return self.run_job(functools.partial(self._restore, names=list(names)))
+
+    def _restore(self, db, names: list[str]) -> dict[str, int]:
+        out = {}
+        waiting = store.removed_sources(db)
+        for name in names:
+            if name not in waiting or self.cfg.source(name) is None:
+                continue
+            t0 = time.monotonic()
+            n = 0
+            while True:
+                changes = store.Changes() if self._tracking else None
+                store.begin(db, self._stop)
+                try:
+                    done = store.restore(db, name, 500, changes)
+                    if not done:
+                        db.execute("DELETE FROM removed_sources WHERE source = ?", (name,))
+                    self._commit(changes)
+                except BaseException:
+                    self._abort()
+                    raise
+                n += done
+                if not done:
+                    break
+            out[name] = n
+            log.info("source %s is configured again: %d files restored as they were (%.1fs); "
+                     "a scan reads what changed since", name, n, time.monotonic() - t0)
+        return out
 
     def _after_crash(self) -> None:
         """Restarted after an unexpected error: what was in hand may be lost; a scan finds it."""
@@ -435,7 +474,8 @@ class Indexer:
                        if known[rel].hash and known[rel].status == "indexed"}
             for rel in new_rels:
                 try:
-                    h = sources.read_bytes(src.root / rel, self.cfg.max_file_bytes).hash
+                    h = sources.read_bytes(src.root / rel, self.cfg.max_file_bytes,
+                                           src.root).hash
                 except sources.Unreadable:
                     continue
                 old = by_hash.pop(h, None)
@@ -723,8 +763,7 @@ class Indexer:
             for kind, source, rel, fields in events:
                 src = self.cfg.source(source)
                 path = str(src.root / rel) if src else rel
-                self.events.publish(kind, source=source, path=sources.printable(path),
-                                    **fields)
+                self.events.publish(kind, source=source, **sources.wire_path(path), **fields)
 
     def _commit(self, changes: store.Changes | None) -> None:
         store.refresh_notes(self._db)  # the notes' own rows, in the same transaction

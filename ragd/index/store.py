@@ -287,6 +287,35 @@ def m007_symbol_words(db: sqlite3.Connection) -> None:
     refresh_notes(db)
 
 
+@migration
+def m008_removed_sources(db: sqlite3.Connection) -> None:
+    """A source removed from the config is set aside, not deleted: its files' rows, each with
+    its chunks (as JSON), wait here for the GC grace period, so that a bad save of the config
+    (empty, cut short) loses nothing: added back, the source is restored as it was, and
+    scanned. GC deletes what has waited out the grace period."""
+    run_script(db, """
+        CREATE TABLE removed_sources (
+            source      TEXT PRIMARY KEY,
+            reading     TEXT,           -- how its files were read (store.reading), as JSON
+            removed_at  REAL NOT NULL
+        );
+        CREATE TABLE removed_files (
+            id          INTEGER PRIMARY KEY,
+            source      TEXT NOT NULL,
+            relpath     NOT NULL,       -- as files.relpath: TEXT, or a BLOB (not UTF-8)
+            size        INTEGER NOT NULL,
+            mtime_ns    INTEGER NOT NULL,
+            hash        TEXT,
+            status      TEXT NOT NULL,
+            reason      TEXT,
+            indexed_at  REAL NOT NULL,
+            meta        TEXT,
+            chunks      TEXT NOT NULL   -- JSON: [ChunkRecord fields, in order]
+        );
+        CREATE INDEX removed_files_source ON removed_files (source);
+    """)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -654,6 +683,57 @@ def delete_file(db: sqlite3.Connection, file_id: int, changes: Changes | None = 
                                   (file_id,)))
     db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
     db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+
+
+CHUNK_FIELDS = ("ordinal", "heading", "line_start", "line_end", "text", "text_hash",
+                "embed_hash", "body", "keywords")
+
+
+def set_aside(db: sqlite3.Connection, source: str, file_ids: list[int],
+              changes: Changes | None = None) -> None:
+    """Move files of a removed source, with their chunks, out of the index into
+    removed_files (in the caller's transaction): no longer searched or listed, and restored
+    as they were by restore()."""
+    for fid in file_ids:
+        chunks = [list(r) for r in db.execute(
+            f"SELECT {', '.join(CHUNK_FIELDS)} FROM chunks WHERE file_id = ? ORDER BY ordinal",
+            (fid,))]
+        db.execute("INSERT INTO removed_files (source, relpath, size, mtime_ns, hash, status, "
+                   "reason, indexed_at, meta, chunks) SELECT ?, relpath, size, mtime_ns, hash, "
+                   "status, reason, indexed_at, meta, ? FROM files WHERE id = ?",
+                   (source, json.dumps(chunks, ensure_ascii=False), fid))
+        delete_file(db, fid, changes)
+
+
+def restore(db: sqlite3.Connection, source: str, limit: int,
+            changes: Changes | None = None) -> int:
+    """Put back up to `limit` set-aside files of `source` (in the caller's transaction), as
+    they were indexed, oldest first (a path set aside twice: the later one stays); returns
+    how many."""
+    rows = db.execute("SELECT id, relpath, size, mtime_ns, hash, status, reason, indexed_at, "
+                      "meta, chunks FROM removed_files WHERE source = ? ORDER BY id LIMIT ?",
+                      (source, limit)).fetchall()
+    for r in rows:
+        records = [ChunkRecord(**dict(zip(CHUNK_FIELDS, c))) for c in json.loads(r["chunks"])]
+        fid = put_file(db, source, fs_rel(r["relpath"]), r["size"], r["mtime_ns"], r["hash"],
+                       r["status"], r["reason"], records, changes, meta=r["meta"])
+        db.execute("UPDATE files SET indexed_at = ? WHERE id = ?", (r["indexed_at"], fid))
+        db.execute("DELETE FROM removed_files WHERE id = ?", (r["id"],))
+    return len(rows)
+
+
+def removed_sources(db: sqlite3.Connection) -> dict[str, dict]:
+    """Sources set aside: {name: {"reading", "removed_at", "files"}}."""
+    files = dict(db.execute("SELECT source, COUNT(*) FROM removed_files GROUP BY source"))
+    out = {}
+    for name, reading, at in db.execute("SELECT source, reading, removed_at "
+                                        "FROM removed_sources"):
+        try:
+            how = json.loads(reading) if reading else None
+        except ValueError:
+            how = None
+        out[name] = {"reading": how, "removed_at": at, "files": files.get(name, 0)}
+    return out
 
 
 def source_counts(db: sqlite3.Connection) -> dict[str, dict[str, int]]:

@@ -99,14 +99,17 @@ def said(stderr: str, limit: int = 200) -> str:
     return text
 
 
-def pdf_text(path: Path) -> list[str]:
-    """The text of each page, by pdftotext."""
+def pdf_text(path: Path, fd: int | None = None) -> list[str]:
+    """The text of each page, by pdftotext; of the open file `fd` when given (handed to it as
+    /dev/fd/N: the file opened, not whatever the path names by the time it runs)."""
     exe = shutil.which("pdftotext")
     if exe is None:
         raise NeedsTool(f"{NEEDS_PDFTOTEXT}; {PDFTOTEXT_HINT}")
     try:
-        proc = subprocess.run([exe, "-enc", "UTF-8", str(path), "-"], capture_output=True,
-                              timeout=PDFTOTEXT_TIMEOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.run([exe, "-enc", "UTF-8", str(path) if fd is None else
+                               f"/dev/fd/{fd}", "-"], capture_output=True,
+                              timeout=PDFTOTEXT_TIMEOUT, stdin=subprocess.DEVNULL,
+                              pass_fds=() if fd is None else (fd,))
     except subprocess.TimeoutExpired:
         err = ValueError(f"pdftotext took over {PDFTOTEXT_TIMEOUT} s")
         err.retry = True  # a slow moment of the machine, not the file's fault: try again later

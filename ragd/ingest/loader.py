@@ -47,18 +47,21 @@ def load(src: Source, rel: str, max_bytes: int) -> Loaded:
     sources.check_inside(src, path)
     title = sources.printable(Path(rel).stem)
     suffix = Path(rel).suffix.lower()
+    # The file is opened once, inside its source, and everything is read from that descriptor
+    # (pdftotext too): a folder swapped for a link meanwhile cannot lead the read out of it.
     if suffix == ".pdf":
-        raw = sources.read_bytes(path, max_bytes)
-        try:
-            pages = documents.pdf_text(path)
-        except ValueError as e:
-            raise sources.Unreadable(str(e), retry=getattr(e, "retry", False)) from None
+        with sources.opened(path, max_bytes, src.root) as (fd, st):
+            raw = sources.read_fd(fd, st, max_bytes)
+            try:
+                pages = documents.pdf_text(path, fd=fd)
+            except ValueError as e:
+                raise sources.Unreadable(str(e), retry=getattr(e, "retry", False)) from None
         doc = documents.parse_pdf(pages, title)
         if not any(p.strip() for p in pages):  # said, or it is silently never found
             doc.warnings.append(f"no text in its {len(pages)} page(s): a scan? ragd reads a "
                                 f"PDF's text, not its images (no OCR)")
         return Loaded(doc, raw.hash, raw.size, raw.mtime_ns)
-    content = sources.read(path, max_bytes)
+    content = sources.read(path, max_bytes, src.root)
     if suffix in MARKDOWN:
         doc = markdown.parse(content.text, title, obsidian=src.kind == "obsidian")
     elif suffix == ".rst":

@@ -6,6 +6,9 @@ one folder, ``**/`` spans any number of folders (including none), ``?`` is one c
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -164,11 +167,13 @@ class Listing:
 
 
 def scan(source: Source) -> Listing:
-    """Walk the source: each wanted regular file with its stat, and what could not be listed.
+    """Walk the source: each wanted entry but folders with its stat, and what could not be
+    listed.
 
-    Dot-folders are not entered. Symlinked folders are not followed (no loops); a symlinked file
-    is listed with the target's stat, and a broken one with size -1 so it can be recorded as
-    skipped with its reason (as is one leading outside the source: check_inside).
+    Dot-folders are not entered. Symlinked folders are not followed (no loops); a symlink is
+    listed with the target's stat, and a broken one with size -1 so it can be recorded as
+    skipped with its reason (as is one leading outside the source: check_inside, and what is
+    not a regular file: read_bytes).
     """
     root = str(source.root)
     rules = Rules(source)
@@ -199,8 +204,11 @@ def scan(source: Source) -> Listing:
                         except OSError:  # broken symlink or loop
                             files[rel] = Seen(rel, -1, 0)
                             continue
-                        if entry.is_file(follow_symlinks=True):
-                            files[rel] = Seen(rel, st.st_size, st.st_mtime_ns)
+                        # Not only regular files: a FIFO, a device or a link to one (or to a
+                        # folder) is listed too, so that it is recorded skipped with its
+                        # reason, as when an event names it; left out, a scan would take
+                        # its row for a file deleted
+                        files[rel] = Seen(rel, st.st_size, st.st_mtime_ns)
                     except OSError as e:
                         unlisted[rel] = e.strerror or str(e)
         except OSError as e:  # the listing broke off part way
@@ -242,8 +250,82 @@ def printable(name: str) -> str:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+def wire_path(path: str) -> dict:
+    """A path as replies carry it: {"path": printable}, and for a name that is not UTF-8 (its
+    printable form lost bytes) also "path_bytes", its exact bytes in base64, which `get`
+    takes back."""
+    shown = printable(path)
+    if shown == path:
+        return {"path": path}
+    return {"path": shown,
+            "path_bytes": base64.b64encode(os.fsencode(path)).decode("ascii")}
+
+
 class Vanished(Unreadable):
     """The file is not there (any more)."""
+
+
+class Outside(Unreadable):
+    """The path leads out of its source (through a link, maybe swapped in a moment ago)."""
+
+
+class Swapped(Unreadable):
+    """What lies at the path changed while it was opened: a folder or file on it was replaced
+    by a link (or another file) between its resolution and its opening. Tried again later."""
+
+    def __init__(self, reason: str = "its path changed while it was read (a folder or file on "
+                                     "it was replaced, by a link or another file)"):
+        super().__init__(reason, retry=True)
+
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# A folder on the way: O_PATH (Linux) needs no read permission, as a path lookup does not.
+_DIR_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | _CLOEXEC
+
+
+def real_inside(root: Path, path: Path) -> Path:
+    """path with every link resolved, which must lie inside root (a real path); else Outside.
+    A link anywhere on it counts, not only the file's own: a folder swapped for a link to
+    another folder leads out of the source as surely."""
+    try:
+        real = Path(os.path.realpath(path))
+    except OSError:  # a link on it removed while it was being resolved
+        raise Swapped() from None
+    if root not in real.parents:
+        raise Outside(f"a link to a file outside the source ({real}): ragd does not follow "
+                      f"links out of its sources")
+    return real
+
+
+def open_inside(root: Path, real: Path) -> int:
+    """A descriptor of the file at `real` (a path under root with no link in it), opened one
+    name at a time from root and following no link (openat with O_NOFOLLOW): what is opened
+    is what lies there now. Resolving a path, checking it and then opening it again by name
+    can be raced: a folder swapped for a link to an outside folder in between leads the open
+    out of the source."""
+    parts = real.relative_to(root).parts
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    except OSError as e:
+        raise Unreadable(f"cannot open its source's folder: {e.strerror}", retry=True) from None
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        out = os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        raise Vanished("file vanished") from None
+    except PermissionError:
+        raise Unreadable("permission denied", retry=True) from None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):  # a link where none was
+            raise Swapped() from None
+        raise Unreadable(f"cannot open: {e.strerror}", retry=True) from None
+    finally:
+        os.close(fd)
+    return out
 
 
 def check_inside(source: Source, path: Path) -> None:
@@ -267,43 +349,76 @@ def check_inside(source: Source, path: Path) -> None:
             raise Unreadable(f"a link to {target}, which is indexed under its own name")
 
 
-def read_bytes(path: Path, max_bytes: int) -> Content:
-    """Stat, size-check, read and hash one file (no decoding). Only regular files are opened,
-    and without blocking (a FIFO would wait for a writer forever)."""
+@contextlib.contextmanager
+def opened(path: Path, max_bytes: int, root: Path | None = None):
+    """(descriptor, stat) of one regular file, checked (not a FIFO or a device, not too large)
+    before it is read, and opened without blocking (a FIFO would wait for a writer forever).
+    With `root` (its source's folder) the file is the one `path` leads to inside root, opened
+    so that no link swapped in meanwhile is followed (real_inside, open_inside); without it,
+    as the path says. Raises Unreadable with the reason."""
     try:
-        st = path.stat()
+        os.stat(path)  # (for its errors: what a link leads to, whether it leads anywhere)
     except FileNotFoundError:
         if path.is_symlink():
             raise Unreadable("broken symlink") from None
         raise Vanished("file vanished") from None
     except OSError as e:
-        if e.errno == 40:  # ELOOP
+        if e.errno == errno.ELOOP:
             raise Unreadable("symlink loop") from None
         raise Unreadable(f"cannot stat: {e.strerror}", retry=True) from None
+    if root is not None:
+        path = real_inside(root, path)
+    try:  # (no link left to follow with root: what is there, not what it leads to)
+        st = os.lstat(path) if root is not None else os.stat(path)
+    except FileNotFoundError:
+        raise Vanished("file vanished") from None
+    except OSError as e:
+        raise Unreadable(f"cannot stat: {e.strerror}", retry=True) from None
+    if stat_mod.S_ISLNK(st.st_mode):  # a link there since it was resolved
+        raise Swapped()
     if not stat_mod.S_ISREG(st.st_mode):
         raise Unreadable(f"not a regular file ({_kind(st.st_mode)})")
     if st.st_size > max_bytes:
         raise Unreadable(f"too large ({st.st_size} bytes; the limit is index.max_file_bytes = "
                          f"{max_bytes})")
+    if root is not None:
+        fd = open_inside(root, path)
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+        except FileNotFoundError:
+            raise Vanished("file vanished") from None
+        except PermissionError:
+            raise Unreadable("permission denied", retry=True) from None
+        except OSError as e:
+            raise Unreadable(f"cannot open: {e.strerror}", retry=True) from None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise Vanished("file vanished") from None
-    except PermissionError:
-        raise Unreadable("permission denied", retry=True) from None
-    except OSError as e:
-        raise Unreadable(f"cannot open: {e.strerror}", retry=True) from None
-    try:
-        fst = os.fstat(fd)
+        try:
+            fst = os.fstat(fd)
+        except OSError as e:
+            raise Unreadable(f"cannot read: {e.strerror}", retry=True) from None
         if not stat_mod.S_ISREG(fst.st_mode):  # swapped for something else since the stat
             raise Unreadable(f"not a regular file ({_kind(fst.st_mode)})")
-        with os.fdopen(fd, "rb", closefd=False) as f:
+        if root is not None and (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            raise Swapped()
+        yield fd, fst
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path: Path, max_bytes: int, root: Path | None = None) -> Content:
+    """Stat, size-check, read and hash one file (no decoding), as `opened` opens it."""
+    with opened(path, max_bytes, root) as (fd, st):
+        return read_fd(fd, st, max_bytes)
+
+
+def read_fd(fd: int, st: os.stat_result, max_bytes: int) -> Content:
+    """The Content of an opened file: up to max_bytes of it (more is 'too large')."""
+    try:
+        with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(max_bytes + 1)
     except OSError as e:
         raise Unreadable(f"cannot read: {e.strerror}", retry=True) from None
-    finally:
-        os.close(fd)
-    st = fst
     if len(data) > max_bytes:
         raise Unreadable(f"too large (over {max_bytes} bytes)")
     return Content(text="", hash=content_hash(data), size=len(data), mtime_ns=st.st_mtime_ns,
@@ -325,9 +440,14 @@ def _kind(mode: int) -> str:
 NOT_TEXT_SHARE = 0.25
 
 
-def read(path: Path, max_bytes: int) -> Content:
-    """Read one text file. Raises Unreadable with the reason when it cannot be indexed."""
-    content = read_bytes(path, max_bytes)
+def read(path: Path, max_bytes: int, root: Path | None = None) -> Content:
+    """Read one text file (inside root: see opened). Raises Unreadable with the reason when it
+    cannot be indexed."""
+    return decode(read_bytes(path, max_bytes, root))
+
+
+def decode(content: Content) -> Content:
+    """A file's bytes as text (a file that is not text: Unreadable with the reason)."""
     data = content.data
     if b"\0" in data[:8192]:
         raise Unreadable("binary file (contains NUL bytes)")
