@@ -39,7 +39,7 @@ from ragd.search import ask, bm25, boilerplate, notes
 from ragd.search.filters import Filters
 from ragd.search.hybrid import MODES, PARTIAL_FUSION_FROM, Searcher, _lift
 from ragd.engines import download, models
-from ragd.server import AfterReply, OpError, Stream
+from ragd.replies import AfterReply, OpError, Stream
 
 
 log = logging.getLogger("ragd.ops")

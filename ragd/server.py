@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ragd import protocol as P
+from ragd.replies import AfterReply, OpError, Stream
 from ragd.workers import Worker
 
 log = logging.getLogger("ragd.server")
@@ -41,27 +42,6 @@ FRAME_IDLE = 10.0
 # client's first byte is already there.
 REFUSE_WAIT = 1.0
 REFUSERS = 64
-
-
-class OpError(Exception):
-    """An error reply: raise it from an op with a protocol error code."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class Stream:
-    """Return this from an op to send several replies: each item of `items` is sent with
-    ``"final": false`` and the stream ends with one ``"final": true`` reply carrying `last()`.
-    An item None sends nothing: it asks whether the client is still there (its connection
-    closed: the stream stops, as when a reply cannot be sent), for work that writes nothing
-    for a while — an answer held back until it cites a note."""
-
-    def __init__(self, items, last: Callable[[], Any]):
-        self.items = items
-        self.last = last
 
 
 def _peer_closed(conn: socket.socket) -> bool:
@@ -97,14 +77,6 @@ class Session:
                 fn()
             except Exception:
                 log.exception("releasing a connection's state")
-
-
-class AfterReply:
-    """Return this from an op to run `then` once the reply has been sent (e.g. stop)."""
-
-    def __init__(self, result: Any, then: Callable[[], None]):
-        self.result = result
-        self.then = then
 
 
 _trim = None

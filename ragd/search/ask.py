@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from ragd import protocol as P
 from ragd.engines.client import EngineError, EngineUnavailable
-from ragd.server import OpError, Stream
+from ragd.replies import OpError, Stream
 
 DONT_KNOW = "I don't know from your notes."
 
