@@ -20,6 +20,11 @@ class ConfigError(Exception):
     """The configuration cannot be used. The message names the file and the key."""
 
 
+class ReloadError(Exception):
+    """A reload cannot be applied (the file cannot be read, or it would remove every source);
+    the daemon goes on with the config it has."""
+
+
 SOURCE_KINDS = ("obsidian", "folder")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

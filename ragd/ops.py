@@ -27,7 +27,7 @@ import numpy as np
 
 from ragd import __version__, workers
 from ragd import protocol as P
-from ragd.config import Config
+from ragd.config import Config, ReloadError
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.index import gc, store
 from ragd.index.buffers import BufferError, BufferStore
@@ -872,7 +872,6 @@ class Ops:
         effect at once; the reply says what needs a restart."""
         if self.reload is None:
             raise OpError(P.UNAVAILABLE, "reload: not available")
-        from ragd.runtime import ReloadError  # late: runtime imports ops
         try:
             return self.reload_config()
         except ReloadError as e:
@@ -882,7 +881,6 @@ class Ops:
     def reload_config(self) -> dict:
         """The reload of the reload op and of SIGHUP: one that fails is logged and shown in
         status (a hint) until one works."""
-        from ragd.runtime import ReloadError
         try:
             res = self.reload()
         except Exception as e:  # the log and status say why nothing changed; never fatal

@@ -69,10 +69,6 @@ MODEL_FIELDS = ("embedding_model", "embedding_pooling", "embedding_query_prefix"
                 "embedding_doc_prefix")
 
 
-class ReloadError(Exception):
-    """The config could not be loaded; the daemon goes on with the one it has."""
-
-
 class Runtime:
     def __init__(self, cfg: config.Config, cli_config: str | None, cli_sources: list[str]):
         self.cfg = cfg
@@ -175,7 +171,7 @@ class Runtime:
                     continue
                 try:
                     self.ops.reload_config()
-                except ReloadError:  # logged, and shown in status
+                except config.ReloadError:  # logged, and shown in status
                     pass
             log.info("stopping")
         finally:
@@ -254,12 +250,12 @@ class Runtime:
             try:
                 new = config.load(self.cli_config, extra_sources=self.cli_sources)
             except config.ConfigError as e:
-                raise ReloadError(str(e)) from None
+                raise config.ReloadError(str(e)) from None
             cfg = self.cfg
             if cfg.sources and not new.sources and not new.sources_listed:
                 # An editor's save cut short, a file emptied: taken at its word, it would
                 # remove every source. An empty list said outright is taken.
-                raise ReloadError(
+                raise config.ReloadError(
                     f"{new.path or 'the config'} names no source at all, which would remove "
                     f"every source ({', '.join(s.name for s in cfg.sources)}); if that is "
                     f"what you mean, say so with a line 'sources = []' before its first "
