@@ -25,6 +25,7 @@ from pathlib import Path
 from common import Daemon, copy_vault, pct, quiet_config, ready, save, write_config
 from ragd.index import store
 from ragd.search import bm25
+from ragd.text import query_parts
 
 
 def make_queries(vault: Path, n: int, seed: int = 0) -> list[str]:
@@ -53,7 +54,7 @@ def time_to_idle(d: Daemon, t0: float) -> tuple[float, dict]:
 def raw_fts5(db, query: str, limit: int) -> list[int]:
     """The plain SQLite FTS5 query a minimal client would run: every word OR-ed, bm25()
     order, no pruning of common words."""
-    match = " OR ".join(bm25.query_parts(query))
+    match = " OR ".join(query_parts(query))
     return [r[0] for r in db.execute("SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? "
                                      "ORDER BY bm25(chunks_fts) LIMIT ?", (match, limit))]
 

@@ -22,9 +22,9 @@ from conftest import copy_vault
 from ragd import config
 from ragd.index import store
 from ragd.index.indexer import Indexer
-from ragd.ingest.chunker import note_keywords
 from ragd.search import bm25
-from ragd.search.bm25 import fts_query
+from ragd.text import (HYBRID_COMMON_SHARE, WEIGHTS, fts_query, index_tokens, note_keywords,
+                       prune_common, query_parts, symbols)
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +106,11 @@ def test_pruning_common_words_keeps_the_ranking(indexed, query):
     IDF 1e-6, so the top 10 keep their scores to within that."""
     from ragd.search import bm25
     n = indexed.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-    parts = bm25.query_parts(query)
-    assert len(bm25.prune_common(indexed, parts)) < len(parts)  # something was pruned
+    parts = query_parts(query)
+    assert len(prune_common(indexed, parts)) < len(parts)  # something was pruned
     full = indexed.execute(
-        f"SELECT -bm25(chunks_fts, {bm25.WEIGHTS}) FROM chunks_fts WHERE chunks_fts MATCH ? "
-        f"ORDER BY bm25(chunks_fts, {bm25.WEIGHTS}) LIMIT 10", (" OR ".join(parts),)).fetchall()
+        f"SELECT -bm25(chunks_fts, {WEIGHTS}) FROM chunks_fts WHERE chunks_fts MATCH ? "
+        f"ORDER BY bm25(chunks_fts, {WEIGHTS}) LIMIT 10", (" OR ".join(parts),)).fetchall()
     pruned = bm25.search(indexed, query, 10)
     assert len(pruned) == 10 and n > 1000
     for (s_full,), hit in zip(full, pruned):
@@ -125,7 +125,7 @@ def test_bm25_search_keeps_the_callers_read_transaction(tmp_path):
     db.execute("BEGIN")
     db.execute("SELECT COUNT(*) FROM chunks").fetchone()
     bm25.search(db, "what is a recurring task and how does it repeat", 10)
-    bm25.index_tokens(db, ["Cats were running"])
+    index_tokens(db, ["Cats were running"])
     assert db.in_transaction
     db.execute("COMMIT")
 
@@ -137,13 +137,13 @@ def test_hybrid_pruning_keeps_most_of_the_top_10(indexed, query):
     """Inside hybrid search BM25 also drops words in over a quarter of the rows (IDF at most
     ln 3): the BM25 list moves a little, most of its top 10 stays."""
     from ragd.search import bm25
-    parts = bm25.query_parts(query)
+    parts = query_parts(query)
     full = [r[0] for r in indexed.execute(
         f"SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? "
-        f"ORDER BY bm25(chunks_fts, {bm25.WEIGHTS}) LIMIT 10", (" OR ".join(parts),))]
+        f"ORDER BY bm25(chunks_fts, {WEIGHTS}) LIMIT 10", (" OR ".join(parts),))]
     pruned = [h.chunk_id for h in bm25.search(indexed, query, 10,
-                                              share=bm25.HYBRID_COMMON_SHARE)]
-    assert len(set(full) & set(pruned)) >= 7, (query, bm25.prune_common(indexed, parts))
+                                              share=HYBRID_COMMON_SHARE)]
+    assert len(set(full) & set(pruned)) >= 7, (query, prune_common(indexed, parts))
 
 
 class LuceneBM25(BM25Okapi):
@@ -182,11 +182,11 @@ def test_tantivy_bm25_matches_rank_bm25(indexed, tantivy_index, query):
     rows = [(i, h, note_keywords(h, k, b), b) for i, h, k, b in indexed.execute(
         "SELECT id, heading, keywords, body FROM chunks ORDER BY id")]  # (symbols as such)
     ids = [r[0] for r in rows]
-    docs = [bm25.index_tokens(indexed, [f"{r[1]}\n{r[2]}\n{r[1]}\n{r[2]}\n{r[3]}"])[0].split()
-            + bm25.symbols(f"{r[1]}{r[2]}{r[1]}{r[2]}{r[3]}") for r in rows]
+    docs = [index_tokens(indexed, [f"{r[1]}\n{r[2]}\n{r[1]}\n{r[2]}\n{r[3]}"])[0].split()
+            + symbols(f"{r[1]}{r[2]}{r[1]}{r[2]}{r[3]}") for r in rows]
     ref = LuceneBM25(docs, k1=1.2, b=0.75)
-    q = [t for p in bm25.query_parts(query) for t in bm25.index_tokens(indexed, [p])[0].split()]
-    q += bm25.symbols(query)
+    q = [t for p in query_parts(query) for t in index_tokens(indexed, [p])[0].split()]
+    q += symbols(query)
     if q[-1] in ("🔁", "⛔"):  # symbols are searchable: the chunks holding one come first
         assert sum(q[-1] in d for d in docs) >= 3
     scores = dict(zip(ids, ref.get_scores(q)))
@@ -325,7 +325,7 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         assert ti.pushed < 2 * chunks
         # a word of "Queries" notes only; a third of the chunks deleted with them
         word = "delimiter"
-        before = synced().doc_freq("text", bm25.index_tokens(db, [word])[0])
+        before = synced().doc_freq("text", index_tokens(db, [word])[0])
         assert before > 0
         # those notes renamed: their chunks are updated in place (same ids, new headings), and
         # each update leaves a deleted document behind as a delete does
@@ -334,7 +334,7 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         index()
         assert db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == chunks - kanban
         searcher = synced()
-        assert searcher.doc_freq("text", bm25.index_tokens(db, [word])[0]) == before
+        assert searcher.doc_freq("text", index_tokens(db, [word])[0]) == before
         assert searcher.num_docs == chunks - kanban
         shutil.move(str(root / "Queries"), tmp_path / "Queries")
         index()
@@ -344,7 +344,7 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         assert chunks - left >= 0.25 * left  # (over REFILL_SHARE)
         searcher = synced()
         assert searcher.num_docs == left
-        assert searcher.doc_freq("text", bm25.index_tokens(db, [word])[0]) == 0
+        assert searcher.doc_freq("text", index_tokens(db, [word])[0]) == 0
         assert ti.pushed >= chunks + left  # filled anew
     finally:
         ti.stop()

@@ -428,7 +428,7 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
     """Emoji and other symbols (⛔ 📅 of a task line) are words to the user: FTS5's tokenizer
     drops them, so `ragctl search ⛔` answered "nothing relevant" while grep found the lines.
     The tantivy index keeps them as such; FTS5 (bm25_index = "fts5", while tantivy fills, and
-    for an editor's unsaved buffers) as words in a chunk's keywords (chunker.with_symbols).
+    for an editor's unsaved buffers) as words in a chunk's keywords (with_symbols).
     Hybrid and BM25 search find the notes holding one, in files and in unsaved buffers, the
     lines are marked, and a symbol nothing holds still gets "nothing relevant"."""
     root = tmp_path / "v"

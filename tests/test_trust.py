@@ -5,7 +5,6 @@ its own reasons, a tiny chunk never stands alone for a note, and boilerplate wei
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time

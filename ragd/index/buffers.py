@@ -34,13 +34,15 @@ from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.index import store
 from ragd.ingest import chunker, loader, sources
 from ragd.ingest.chunker import embed_text
-from ragd.search import bm25
 from ragd.workers import Worker
+from ragd.text import (COMMON_SHARE, HEADING_WEIGHT, KEYWORDS_WEIGHT, NOTE_COLUMN_WEIGHTS,
+                       TEXT_WEIGHT, chunk_rows, doc_freq, doc_freqs, fts_parts, index_tokens,
+                       prepare, prune_common)
 
 log = logging.getLogger("ragd.buffers")
 
 K1, B = 1.2, 0.75
-WEIGHTS = (bm25.HEADING_WEIGHT, bm25.KEYWORDS_WEIGHT, bm25.TEXT_WEIGHT)
+WEIGHTS = (HEADING_WEIGHT, KEYWORDS_WEIGHT, TEXT_WEIGHT)
 CACHE = 4096  # buffer-embedded vectors kept (by text hash), across buffers
 
 
@@ -131,7 +133,7 @@ class BufferStore:
             row = store.file_row(db, src.name, rel)
             chunks = [self._bufchunk(db, r) for r in records]
             note_tf, note_length = _weighted(db, store.note_row(
-                [(r.heading, r.keywords, r.body) for r in records]), bm25.NOTE_COLUMN_WEIGHTS)
+                [(r.heading, r.keywords, r.body) for r in records]), NOTE_COLUMN_WEIGHTS)
             cached = self._cached(db, {c.record.embed_hash for c in chunks})
         text_hash = sources.content_hash(text.encode("utf-8", "surrogatepass"))
         buf = Buffer(session, src.name, rel, abspath, text, version, text_hash,
@@ -206,16 +208,16 @@ class BufferStore:
 
     def bm25_hits(self, db: sqlite3.Connection, query: str, bufs: list[Buffer],
                   allowed: set[str] | None,
-                  share: float = bm25.COMMON_SHARE) -> list[tuple[int, float]]:
+                  share: float = COMMON_SHARE) -> list[tuple[int, float]]:
         """(chunk id, score) of buffer chunks matching the query, with FTS5's bm25 over the
         index's statistics and the same query words (comparable with the index's own
         scores)."""
-        parts = bm25.fts_parts(query)
+        parts = fts_parts(query)
         if not parts or not bufs:
             return []
-        parts = bm25.prune_common(db, parts, share)
+        parts = prune_common(db, parts, share)
         rows, avgdl = self._corpus(db)
-        terms = _terms(db, parts, rows, lambda p: bm25.doc_freq(db, p))
+        terms = _terms(db, parts, rows, lambda p: doc_freq(db, p))
         out = []
         for b in bufs:
             if allowed is not None and b.source not in allowed:
@@ -229,12 +231,12 @@ class BufferStore:
     def note_scores(self, db: sqlite3.Connection, parts: list[str],
                     bufs: list[Buffer]) -> dict[int, float]:
         """Each buffer's whole text scored as notes_fts scores a note (FTS5's bm25 over the
-        notes' statistics, bm25.NOTE_WEIGHTS), for the query words bm25.note_terms kept:
+        notes' statistics, NOTE_WEIGHTS), for the query words note_terms kept:
         note id (negative) -> score, for the buffers holding one."""
         if not parts or not bufs:
             return {}
         rows, avgdl = self._corpus(db, "notes_fts")
-        terms = _terms(db, parts, rows, lambda p: bm25.doc_freqs(db, [p], "notes_v")[0])
+        terms = _terms(db, parts, rows, lambda p: doc_freqs(db, [p], "notes_v")[0])
         out = {}
         for b in bufs:
             score = _bm25(terms, b.note_tf, b.note_length, avgdl)
@@ -288,12 +290,12 @@ class BufferStore:
         now = time.monotonic()
         stats = self._stats.get(table)
         if stats is None or now - stats[0] > 60:
-            bm25._prepare(db)
+            prepare(db)
             db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{table}_vc USING "
                        f"fts5vocab(main, {table}, col)")
             total = db.execute(f"SELECT COALESCE(SUM(cnt), 0) FROM temp.{table}_vc"
                                ).fetchone()[0]
-            rows = bm25.chunk_rows(db) if table == "chunks_fts" else db.execute(
+            rows = chunk_rows(db) if table == "chunks_fts" else db.execute(
                 "SELECT COUNT(*) FROM files WHERE chunks > 0").fetchone()[0]
             stats = self._stats[table] = (now, rows, (total / rows) if rows else 1.0)
         return stats[1], max(stats[2], 1.0)
@@ -373,7 +375,7 @@ def _counts(db: sqlite3.Connection, text: str) -> dict[str, int]:
     """Stemmed token counts of a text, as the index's tokenizer makes them."""
     if not text:
         return {}
-    return dict(Counter(bm25.index_tokens(db, [text])[0].split()))
+    return dict(Counter(index_tokens(db, [text])[0].split()))
 
 
 def _terms(db: sqlite3.Connection, parts: list[str], rows: int,

@@ -36,7 +36,7 @@ import numpy as np
 
 from ragd.index import outbox, store
 from ragd.index.vectors import from_blob
-from ragd.search import bm25
+from ragd.text import index_tokens, symbol_words
 
 log = logging.getLogger("ragd.milvus")
 
@@ -85,8 +85,8 @@ def uninstall(db: sqlite3.Connection) -> None:
 
 def _query_words(db, query: str) -> str:
     """The query as the collection's text holds words: FTS5's tokens, then its symbols as the
-    words a chunk's keywords end with (chunker.with_symbols: ⛔ -> sym26d4)."""
-    return " ".join(w for w in (bm25.index_tokens(db, [query])[0], bm25.symbol_words(query))
+    words a chunk's keywords end with (with_symbols: ⛔ -> sym26d4)."""
+    return " ".join(w for w in (index_tokens(db, [query])[0], symbol_words(query))
                     if w)
 
 
@@ -231,7 +231,7 @@ class MilvusStore(outbox.OutboxSync):
         schema = c.create_schema(auto_id=False)
         schema.add_field("id", DataType.INT64, is_primary=True)
         schema.add_field("file_id", DataType.INT64)
-        # The text arrives as FTS5's porter tokens (bm25.index_tokens): the standard analyzer
+        # The text arrives as FTS5's porter tokens (index_tokens): the standard analyzer
         # only splits it. Milvus Lite knows no other (its 'english' analyzer is refused and
         # a stemmer filter is ignored); a server's would stem, but stemming here keeps Lite
         # and a cluster ranking alike, and matching words as the default store does.
@@ -273,7 +273,7 @@ class MilvusStore(outbox.OutboxSync):
             f"LEFT JOIN embeddings e ON e.space = ? AND e.text_hash = c.embed_hash "
             f"WHERE c.id IN ({marks})", [space, *ids]).fetchall()
         placeholder = [1.0] + [0.0] * (dims - 1)  # never searched: embedded = false
-        texts = bm25.index_tokens(db, [search_text(r[2], r[3], r[4]) for r in rows])
+        texts = index_tokens(db, [search_text(r[2], r[3], r[4]) for r in rows])
         data = []
         for (cid, fid, _, _, _, blob), text in zip(rows, texts):
             vec = from_blob(blob).astype(np.float32).tolist() if blob is not None else placeholder

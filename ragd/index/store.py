@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ragd.ingest.chunker import note_keywords, with_symbols
-from ragd.search import bm25
+from ragd.text import note_keywords, symbol_words, with_symbols
 
 log = logging.getLogger("ragd.store")
 
@@ -270,7 +269,7 @@ def m006_notes_fts(db: sqlite3.Connection) -> None:
 @migration
 def m007_symbol_words(db: sqlite3.Connection) -> None:
     """A chunk's keywords end with the symbols of its text as words FTS5 keeps (⛔ -> sym26d4:
-    chunker.with_symbols), so that FTS5 finds a symbol as tantivy does — FTS5 ranks while
+    with_symbols), so that FTS5 finds a symbol as tantivy does — FTS5 ranks while
     tantivy fills, and whenever an editor's unsaved buffer is searched. The triggers bring
     chunks_fts (and tantivy's and Milvus's outboxes) along; the notes touched are rebuilt."""
     rows = [(new, cid) for cid, heading, kw, body in db.execute(
@@ -646,7 +645,7 @@ def note_row(chunks: list[tuple[str, str, str]]) -> tuple[str, str, str, str]:
         headings.extend(h for h in heading.split(" > ")[1:] if h not in headings)
     body = "\n".join(c[2] for c in chunks)
     # FTS5 drops ⛔ 📅: each becomes a word of its own (of the title and headings too)
-    signs = bm25.symbol_words("\n".join([title, keywords, *headings, body]))
+    signs = symbol_words("\n".join([title, keywords, *headings, body]))
     return title, keywords, "\n".join(headings), body + ("\n" + signs if signs else "")
 
 

@@ -8,12 +8,12 @@ WAND): the dev-set questions take 1.7 ms at 100k and 12.5 ms at 1M (2 cores, mea
 bench/scale.py). One field, one BM25 (k1 1.2, b 0.75) over the chunk's heading, aliases and
 tags (twice: see search_text) and body.
 
-The words are FTS5's own: ``bm25.index_tokens`` gives each text as the porter tokenizer of
+The words are FTS5's own: ``index_tokens`` gives each text as the porter tokenizer of
 chunks_fts sees it (stems, diacritics folded), tantivy only splits them on whitespace, and a
 query is tokenized the same way — so a word matches here exactly when it matches in FTS5. One
-addition: the symbols FTS5's tokenizer drops (emoji, dingbats: ``chunker.symbols``), each a
+addition: the symbols FTS5's tokenizer drops (emoji, dingbats: ``symbols``), each a
 token of its own, so that a search for ⛔ finds the task lines holding it, as grep would. (FTS5
-finds them by the words a chunk's keywords end with: ``chunker.with_symbols``.)
+finds them by the words a chunk's keywords end with: ``with_symbols``.)
 
 SQLite stays the record, FTS5 included: it serves the keyword ranking while this index is being
 filled (the first start, or after its folder was lost) or is behind the search's snapshot (see
@@ -51,8 +51,7 @@ import uuid
 from pathlib import Path
 
 from ragd.index import outbox, store
-from ragd.ingest.chunker import note_keywords
-from ragd.search import bm25
+from ragd.text import COMMON_SHARE, index_tokens, note_keywords, query_parts, symbols
 
 log = logging.getLogger("ragd.textindex")
 
@@ -119,10 +118,10 @@ def search_text(heading: str, keywords: str, body: str) -> str:
 def indexed_texts(db: sqlite3.Connection, rows) -> list[str]:
     """What the index holds of each chunk row (id, file_id, heading, keywords, body): FTS5's
     tokens, then its symbols — themselves, not the words FTS5 holds them by at the end of
-    the keywords (chunker.with_symbols: here they would only lengthen the chunk)."""
+    the keywords (with_symbols: here they would only lengthen the chunk)."""
     texts = [search_text(r[2], note_keywords(r[2], r[3], r[4]), r[4]) for r in rows]
-    return [" ".join([tokens, *bm25.symbols(text)]) if any(ch > "\x7f" for ch in text)
-            else tokens for tokens, text in zip(bm25.index_tokens(db, texts), texts)]
+    return [" ".join([tokens, *symbols(text)]) if any(ch > "\x7f" for ch in text)
+            else tokens for tokens, text in zip(index_tokens(db, texts), texts)]
 
 
 def _schema():
@@ -327,7 +326,7 @@ class TextIndex(outbox.OutboxSync):
 
     @staticmethod
     def doc_freq(searcher, token: str) -> int:
-        """Chunks holding an index token (a stem, as bm25.index_tokens gives it)."""
+        """Chunks holding an index token (a stem, as index_tokens gives it)."""
         return searcher.doc_freq("text", token)
 
     def _only_in(self, query, files):
@@ -361,19 +360,19 @@ class TextIndex(outbox.OutboxSync):
         return bool(searcher.search(q, 1, count=False).hits)
 
     def search(self, searcher, db: sqlite3.Connection, query: str, n: int,
-               share: float = bm25.COMMON_SHARE, files=None,
+               share: float = COMMON_SHARE, files=None,
                dfs: dict | None = None) -> list[tuple[int, float]]:
         """The top n chunks by BM25 (higher is better) for a free-text query, read from a
-        searcher `view` gave; its words dropped as bm25.prune_common drops them (found in over
+        searcher `view` gave; its words dropped as prune_common drops them (found in over
         `share` of the chunks); `files`: only chunks of these file ids. `dfs`, when given, gets
-        each query part's chunk count (as bm25.doc_freqs gives it)."""
+        each query part's chunk count (as doc_freqs gives it)."""
         import tantivy
         schema = self.schema
-        parts = bm25.query_parts(query)
-        signs = list(dict.fromkeys(bm25.symbols(query)))
+        parts = query_parts(query)
+        signs = list(dict.fromkeys(symbols(query)))
         if not (parts or signs) or searcher is None:
             return []
-        words = bm25.index_tokens(db, [p.strip('"') for p in parts]) + signs
+        words = index_tokens(db, [p.strip('"') for p in parts]) + signs
         total = max(searcher.num_docs, 1)
         clauses, kept = [], []
         for part, toks in zip(parts + signs, words):

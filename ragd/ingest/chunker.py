@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-import unicodedata
 from dataclasses import dataclass
 
 from ragd.ingest.markdown import HTML_COMMENT, Block, Doc, clean_text
+from ragd.text import with_symbols
 
 TOKENS_PER_PIECE = 1.25
 _PIECE = re.compile(r"\w+|[^\w\s]")
@@ -37,33 +37,6 @@ def est_tokens(text: str) -> int:
 
 def text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
-
-
-def symbols(text: str) -> list[str]:
-    """The symbol characters of a text (Unicode category So: emoji, dingbats — the ⛔ 📅 ✅ of a
-    task line), in order. FTS5's tokenizer drops them, so a search for one found nothing where
-    grep finds it: the tantivy index keeps each as a token of its own (index/textindex.py), and
-    FTS5 sees each as a word (symbol_words) in the keywords of the chunk holding it."""
-    return [ch for ch in text if ch > "\x7f" and unicodedata.category(ch) == "So"]
-
-
-def symbol_words(text: str) -> str:
-    """Each symbol of a text as a word FTS5 keeps ("sym26d4" for ⛔), space-separated."""
-    return " ".join(f"sym{ord(ch):x}" for ch in symbols(text))
-
-
-def with_symbols(heading: str, keywords: str, body: str) -> str:
-    """A chunk's keywords: its note's aliases and tags, then the symbols of its heading path
-    (the title's too), keywords and body as words (see symbols)."""
-    signs = symbol_words(f"{heading}\n{keywords}\n{body}")
-    return f"{keywords} {signs}" if keywords and signs else keywords or signs
-
-
-def note_keywords(heading: str, keywords: str, body: str) -> str:
-    """The note's own keywords out of a chunk's (with_symbols undone: the words it added are
-    ASCII, so the symbols counted again are the same)."""
-    signs = symbol_words(f"{heading}\n{keywords}\n{body}")
-    return keywords[:-len(signs)].rstrip() if signs and keywords.endswith(signs) else keywords
 
 
 def embed_text(heading: str, body: str) -> str:

@@ -31,6 +31,8 @@ import numpy as np
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.search import bm25, boilerplate, notes
 from ragd.search.filters import Filters
+from ragd.text import (COMMON_SHARE, HYBRID_COMMON_SHARE, chunk_rows, content_terms,
+                       note_terms, symbols)
 
 MODES = ("hybrid", "vector", "bm25")
 
@@ -52,7 +54,7 @@ def vector_weight(query: str) -> float:
     words. A few typed keywords are BM25's strength (dev set: BM25 MRR 0.94 on keyword
     queries, vectors 0.69). Giving long questions more vector weight helped the dev set's
     paraphrases but hurt SciFact's claims (train nDCG@10 -0.004): not kept."""
-    return 0.5 if len(bm25.content_terms(query)) <= 3 else 1.0
+    return 0.5 if len(content_terms(query)) <= 3 else 1.0
 
 
 @dataclass
@@ -182,8 +184,8 @@ def note_evidence(db: sqlite3.Connection, query: str, weight: float, dfs: dict |
     0.685; SciFact train nDCG@10 hybrid 0.732 -> 0.736, BM25 0.696 -> 0.701 (test: hybrid
     0.725 -> 0.729, BM25 0.692 -> 0.686). 0.5 lost on the dev set (README, Quality). Cost:
     +2.6 ms a hybrid search at 9k chunks, +6.6 ms at 100k, +11.6 ms at 1M (FTS5 scores every
-    note holding a word it is given: bm25.NOTE_COMMON_SHARE, NOTE_POSTINGS)."""
-    parts = bm25.note_terms(db, query, dfs)
+    note holding a word it is given: NOTE_COMMON_SHARE, NOTE_POSTINGS)."""
+    parts = note_terms(db, query, dfs)
     scores = bm25.note_search(db, parts, NOTE_CANDIDATES + len(exclude))
     for fid in exclude:  # files an unsaved buffer stands in for: the buffer is scored instead
         scores.pop(fid, None)
@@ -267,8 +269,8 @@ class Searcher:
             # while vectors are coming hybrid keeps BM25's ranking: the one mode bm25 gives
             space = self.vectors.active
             coverage = self._coverage(db, space.vectors) if space is not None else 1.0
-            prune = (bm25.HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
-                     else bm25.COMMON_SHARE)
+            prune = (HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
+                     else COMMON_SHARE)
             signed = self._bm25_ranking(db, query, n, filters, files, bufs, lists, parts, info,
                                         view, text_view, prune, dfs)
         query_vector = None
@@ -512,18 +514,18 @@ class Searcher:
     @staticmethod
     def _coverage(db, vectors) -> float:
         """The share of the index's chunks these vectors cover (1.0 for an empty index)."""
-        total = bm25.chunk_rows(db)
+        total = chunk_rows(db)
         return min(1.0, len(vectors) / total) if total else 1.0
 
     def _bm25_ranking(self, db, query, n, filters, files, bufs, lists, parts, info, view,
-                      text_view, share: float = bm25.COMMON_SHARE, dfs: dict | None = None
+                      text_view, share: float = COMMON_SHARE, dfs: dict | None = None
                       ) -> bool:
         """Fill lists['bm25']: from the Milvus collection `view` when given, else from the
         tantivy searcher of text_view when it holds this snapshot, else FTS5 (dropping query
         words in over `share` of the rows); `files`: the file ids the filters let through (None:
         every file); `dfs` gets the query words' chunk counts (tantivy and FTS5 read them).
         Returns whether a chunk holds a symbol of the query (only tantivy indexes them:
-        bm25.symbols)."""
+        symbols)."""
         signed = False
         t = time.perf_counter()
         hits = None
@@ -539,7 +541,7 @@ class Searcher:
             elif searcher is not None:
                 try:
                     hits = self.text.search(searcher, db, query, n, share, files, dfs)
-                    signs = bm25.symbols(query)
+                    signs = symbols(query)
                     signed = bool(hits and signs and self.text.holds_any(searcher, signs, files))
                 except Exception as e:  # tantivy failing: FTS5 answers, said so
                     why = f"fts5 (tantivy failed: {type(e).__name__}: {e})"[:300]

@@ -20,7 +20,7 @@ import math
 import sqlite3
 from dataclasses import dataclass, field
 
-from ragd.search import bm25
+from ragd.text import chunk_rows, content_terms, doc_freq, index_tokens, symbol_words, symbols
 
 LENGTH_DAMPING = 0.03
 LOW_CONFIDENCE = 0.25
@@ -91,7 +91,7 @@ def firsts(db: sqlite3.Connection, ranked: list, m: int, overlay=None) -> list:
 
 def bm25_stems(db: sqlite3.Connection, text: str) -> list[str]:
     """The index tokenizer's stems of a text."""
-    bm25.doc_freq(db, '"x"')  # makes sure this connection has the stemming table
+    doc_freq(db, '"x"')  # makes sure this connection has the stemming table
     db.execute("DELETE FROM temp.stem_q")
     db.execute("INSERT INTO temp.stem_q (x) VALUES (?)", (text,))
     return [t for (t,) in db.execute("SELECT term FROM temp.stem_v")]
@@ -118,21 +118,21 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
     skip, where FTS5's walk a word's whole doclist (16 ms a query at 100k chunks, tantivy
     0.6)."""
     text, searcher = text if text is not None else (None, None)
-    words = [w for w in bm25.content_terms(query) if not w.startswith('"')]
-    signs = list(dict.fromkeys(bm25.symbols(query)))
-    stems = ([t.split() for t in bm25.index_tokens(db, words)] + [[s] for s in signs]
+    words = [w for w in content_terms(query) if not w.startswith('"')]
+    signs = list(dict.fromkeys(symbols(query)))
+    stems = ([t.split() for t in index_tokens(db, words)] + [[s] for s in signs]
              if searcher is not None else None)
-    # a symbol: itself to tantivy, the word FTS5 holds it by to FTS5 (chunker.symbol_words)
-    words += signs if searcher is not None else [bm25.symbol_words(s) for s in signs]
+    # a symbol: itself to tantivy, the word FTS5 holds it by to FTS5 (symbol_words)
+    words += signs if searcher is not None else [symbol_words(s) for s in signs]
     if not words or not notes:
         return None if not words else 0.0
-    rows = bm25.chunk_rows(db)
+    rows = chunk_rows(db)
     weights = {}
     for i, w in enumerate(words):
         if stems is not None:
             df = min((text.doc_freq(searcher, t) for t in stems[i]), default=0)
         else:
-            df = bm25.doc_freq(db, f'"{w}"')
+            df = doc_freq(db, f'"{w}"')
         weights[w] = math.log((rows + 1) / (df + 0.5)) if df else math.log(rows + 1)
     total = sum(weights.values())
     best = 0.0
