@@ -44,7 +44,8 @@ from ragd.engines.supervisor import Engine, EngineSettings
 from ragd.index import store
 from ragd.index.ann import AnnIndex
 from ragd.index.vectors import VectorIndex
-from ragd.index.vectorstore import PROBE_TEXT, Space, VectorStore, fingerprint
+from ragd.index.space import Space
+from ragd.index.vectorstore import PROBE_TEXT, VectorStore, fingerprint
 from ragd.index.indexer import Indexer
 from ragd.index.vectors import to_blob
 from ragd.ingest.chunker import embed_text

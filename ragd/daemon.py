@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         rt = Runtime(cfg, args.config, args.source)
         if open_dir:
             log.warning("%s", open_dir)
-            rt.ops.notices.append(open_dir)
+            rt.parts.notices.append(open_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: rt.stop())
         signal.signal(signal.SIGHUP, lambda signum, frame: rt.request_reload())

@@ -24,7 +24,11 @@ from ragd.index.indexer import Indexer
 from ragd.index.switch import Embedding
 from ragd.index.vectorstore import VectorStore
 from ragd.ingest.watcher import Watcher
+from ragd.index.buffers import BufferStore
 from ragd.ops import Ops
+from ragd.ops.parts import Parts
+from ragd.ops.reads import ReadPool
+from ragd.search.hybrid import Searcher
 from ragd.server import Server
 
 log = logging.getLogger("ragd")
@@ -77,8 +81,7 @@ class Runtime:
         # The main loop sleeps on this pipe: a byte b"s" asks it to stop, b"r" to reload. A
         # signal handler may only write here: one that set a threading.Event took the Event's
         # lock, and a SIGTERM landing while the main thread held that same lock (entering or
-        # leaving its wait) deadlocked the daemon for good (CI: a stop right after start
-        # never logged "stopping").
+        # leaving its wait) deadlocked the daemon for good.
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._reload_lock = threading.Lock()
@@ -98,17 +101,23 @@ class Runtime:
                     f"client: pip install 'ragd[milvus]'") from None
             self.backend = milvus.MilvusStore(cfg.db_path, cfg.data_dir, cfg.store_uri,
                                               cfg.store_collection, cfg.store_token)
-            self.vectors.committed_hook = self.backend.wake
+            self.vectors.on_commit(self.backend.wake)
         # the keyword ranking's tantivy index (the Milvus store serves its own BM25)
         self.text = (textindex.TextIndex(cfg.db_path, cfg.data_dir)
                      if cfg.bm25_index == "tantivy" and self.backend is None else None)
         if self.text is not None:
             self.indexer.committed.append(self.text.wake)
-        self.ops = Ops(cfg, self.indexer, self.engines, request_stop=self.stop,
-                       reload=self.reload, vectors=self.vectors, embedding=self.embedding,
-                       backend=self.backend, text=self.text)
-        self.server = self.ops.server = Server(cfg.socket, self.ops.dispatch,
-                                               cfg.max_connections)
+        # what the ops read: request threads' connections, editors' buffers, the ranking
+        self.reads = ReadPool(cfg.db_path)
+        self.buffers = BufferStore(cfg, self.engines, self.reads, self.vectors)
+        searcher = Searcher(cfg, self.engines, self.vectors, self.buffers, self.backend,
+                            self.text)
+        self.parts = Parts(cfg, self.reads, self.indexer, self.engines, self.vectors,
+                           self.embedding, self.buffers, searcher, request_stop=self.stop,
+                           reload=self.reload, backend=self.backend, text=self.text)
+        self.ops = Ops(self.parts)
+        self.server = self.parts.server = Server(cfg.socket, self.ops.dispatch,
+                                                 cfg.max_connections)
         self.watcher: Watcher | None = None
 
     def run(self, background: bool) -> int:
@@ -140,12 +149,12 @@ class Runtime:
                 log.warning("no sources configured: add one with 'ragctl sources add PATH', "
                             "or [[sources]] in %s", cfg.path or "a config file")
             if cfg.watch:
-                self.watcher = self.ops.watcher = Watcher(
+                self.watcher = self.parts.watcher = Watcher(
                     cfg.sources, self.indexer, cfg.watch_quiet_ms / 1000, cfg.scan_interval,
                     cfg.unwatched_scan_interval)
                 self.watcher.start()
             self.indexer.start()
-            self.ops.buffers.start()
+            self.buffers.start()
             if self.backend is not None:
                 self.backend.start()
             if self.text is not None:
@@ -157,8 +166,8 @@ class Runtime:
             self._schedule_gc(first=60.0)
             # A signal may be taken by any thread; Python runs its handler on the main thread
             # only once that thread runs bytecode again, and this one sleeps in os.read: a
-            # SIGTERM that landed on the accept thread left the daemon asleep for good (CI, 1
-            # stop right after start in 15). The C-level handler writes the signal's number to
+            # SIGTERM that landed on the accept thread left the daemon asleep for good. The
+            # C-level handler writes the signal's number to
             # the pipe from whichever thread took it: the read returns, the handler runs here
             # and writes its b"s" or b"r", which the next read gets.
             if threading.current_thread() is threading.main_thread():
@@ -175,19 +184,19 @@ class Runtime:
                     pass
             log.info("stopping")
         finally:
-            self.ops.stopping.set()
+            self.parts.stopping.set()
             self.server.close()
             if self.watcher is not None:
                 self.watcher.stop()
             self.indexer.stop()
-            self.ops.buffers.stop()
+            self.buffers.stop()
             if self.backend is not None:
                 self.backend.stop()
             if self.text is not None:
                 self.text.stop()
             self.embedding.stop()  # the embedders write their spaces' snapshots
             self.engines.stop()
-            self.ops.reads.close()
+            self.reads.close()
             # (the number first: a late signal must not write to a file that reuses it)
             if threading.current_thread() is threading.main_thread():
                 signal.set_wakeup_fd(-1)
@@ -345,7 +354,7 @@ class Runtime:
         while ragd was stopped) is read again in full, as a reload does; what it is read with
         is recorded once the queue is empty, so a start cut short reads it again."""
         now = self._reading()
-        with self.ops.reads.conn() as db:
+        with self.reads.conn() as db:
             before = store.reading(db)
         for name, how in now.items():
             old = before.get(name)
@@ -360,7 +369,7 @@ class Runtime:
     def _forget_unconfigured(self) -> None:
         """Rows of sources the config no longer names are hidden at once and purged."""
         keep = {s.name for s in self.cfg.sources}
-        with self.ops.reads.conn() as db:
+        with self.reads.conn() as db:
             present = {r[0] for r in db.execute("SELECT source FROM counts WHERE n > 0")}
         if present - keep:
             self.indexer.unconfigured = present - keep
@@ -371,7 +380,7 @@ class Runtime:
         grace period) are restored, before their scan (a job of the indexer runs first). When
         they are read with other rules or chunking now, their scan reads every file again.
         Returns their names."""
-        with self.ops.reads.conn() as db:
+        with self.reads.conn() as db:
             waiting = store.removed_sources(db)
         back = [n for n in names if n in waiting]
         if back:

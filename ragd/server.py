@@ -79,9 +79,6 @@ class Session:
                 log.exception("releasing a connection's state")
 
 
-_trim = None
-_trimmed_at = 0.0
-
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
@@ -96,22 +93,33 @@ def limit_malloc_arenas(n: int = 2) -> None:
         pass
 
 
-def _give_back_memory() -> None:
-    """After a burst of clients (each with its buffers and a read connection) has gone: glibc
-    keeps freed memory in its heaps; malloc_trim returns what it can to the system, so the
-    daemon's RSS goes back down. At most once a second; a no-op where there is no glibc."""
-    global _trim, _trimmed_at
-    now = time.monotonic()
-    if now - _trimmed_at < 1.0:
-        return
-    _trimmed_at = now
-    if _trim is None:
+class _Trimmer:
+    """malloc_trim at most once a second, whichever connection thread ends a burst: its own
+    lock, so two threads finishing at once neither both trim nor race on the time."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._at = 0.0
         try:
-            _trim = ctypes.CDLL(None).malloc_trim
-        except (OSError, AttributeError):
-            _trim = False
-    if _trim:
-        _trim(0)
+            self._trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):  # no glibc
+            self._trim = None
+
+    def __call__(self) -> None:
+        if self._trim is None:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at < 1.0:
+                return
+            self._at = now
+        self._trim(0)
+
+
+# After a burst of clients (each with its buffers and a read connection) has gone: glibc keeps
+# freed memory in its heaps; malloc_trim returns what it can to the system, so the daemon's RSS
+# goes back down. A no-op where there is no glibc.
+_give_back_memory = _Trimmer()
 
 
 def peer_uid(conn: socket.socket) -> int | None:

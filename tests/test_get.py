@@ -99,7 +99,7 @@ def test_paths_outside_the_sources_are_refused(docs, tmp_path):
     e = err(d, path=str(root / "plain.txt:abc"))  # a bad range is no file, not "excluded"
     assert e.code == P.NOT_FOUND and "no file" in e.message
     assert err(d, path=str(root / "How To")).code == P.NOT_FOUND
-    # relative, or holding a NUL: refused as every op refuses them (ops._absolute), NUL first
+    # relative, or holding a NUL: refused as every op refuses them (ops/args.py: absolute), NUL first
     e = err(d, path="plain.txt")
     assert e.code == P.BAD_ARGS and e.message == ("get: path must be absolute (as search "
                                                   "results give it), got 'plain.txt'")

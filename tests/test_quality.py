@@ -298,7 +298,7 @@ def test_fusion_while_vectors_are_coming_does_not_bury_the_unembedded():
     """At partial coverage the vector list knows only the embedded chunks: a chunk BM25 ranks
     first but not yet embedded must not fall below one BM25 ranks fifth that happens to be
     embedded; at full coverage the fusion is plain weighted RRF."""
-    from ragd.search.hybrid import partial_rrf, rrf
+    from ragd.search.fusion import partial_rrf, rrf
     bm25 = [1, 2, 3, 4, 5]
     vector = [5, 9]  # 1-4 have no vector yet; 9 is found by vectors alone
     w = {"vector": 1.0, "bm25": 1.0}
@@ -315,7 +315,7 @@ def test_convex_fusion_counts_an_unembedded_chunk_as_bm25_does():
     """Convex fusion near full coverage: a chunk BM25 ranks first whose vector is still being
     made scores on the vector side what it scores on BM25's (scaled), not 0; once embedded it is
     scored by its cosine."""
-    from ragd.search.hybrid import convex
+    from ragd.search.fusion import convex
     parts = {1: {"bm25": 9.0}, 2: {"bm25": 5.0, "vector": 0.8}, 3: {"bm25": 1.0, "vector": 0.5},
              4: {"vector": 0.7}}
     lists = {"bm25": [1, 2, 3], "vector": [2, 4, 3]}
@@ -601,6 +601,9 @@ def test_an_index_from_before_whole_notes_gets_them_at_start(make_daemon, tmp_pa
             db.execute(f"DROP TRIGGER {trigger}")
         db.execute("DROP TABLE notes_fts")
         db.execute("DROP TABLE notes_dirty")
+        # what the later migrations made goes too, so this is an index of schema 5
+        db.execute("DROP TABLE removed_files")
+        db.execute("DROP TABLE removed_sources")
     db.execute("PRAGMA user_version = 5")
     db.close()
     with d:

@@ -19,7 +19,7 @@ from pathlib import Path
 from conftest import (BM25_ONLY, Daemon, bulk_embedding_stopped, engine_config, make_pdf,
                       ragctl, small_vault, wait_embedded, write_config)
 from ragd.ingest import chunker, markdown
-from ragd.ingest.watcher import parse_fdinfo
+from ragd.ingest.inotify import parse_fdinfo
 
 
 # -- watching is quiet -------------------------------------------------------------------------

@@ -179,7 +179,7 @@ def test_a_text_queued_again_while_it_is_embedded_is_counted_once():
     text no chunk has any more is not counted, even while it is being embedded."""
     import threading
 
-    from ragd.index.vectorstore import Space
+    from ragd.index.space import Space
 
     space = Space(1, None, None)
     space.queue(["a", "b", "c"])

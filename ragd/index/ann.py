@@ -1,12 +1,10 @@
 """Approximate nearest neighbours for large spaces: an HNSW graph (usearch) behind the same
 interface as the exact matrix (vectors.VectorIndex).
 
-Chosen by measurement (bench/ann.py: the vectors of a built index, real MiniLM query
-embeddings of the dev set and SciFact claims): usearch's HNSW with float16 storage, 32 links
-per node and a search breadth of 512 found 98.5% of the exact top 10 in 1.1 ms at 100k vectors
-of bench/scale.py's index (near-duplicate copies: the hard case; 99.7% at 10k), where the
-exact product took 8 ms; int8 storage lost 4% of recall (an earlier ad-hoc run, not in
-bench/ann.py). faiss's HNSW cannot remove vectors
+Chosen by measurement (bench/ann.py; figures in docs/scaling.md): usearch's HNSW with float16
+storage, 32 links per node and a search breadth of 512 keeps nearly all of the exact top 10 at
+a fraction of the exact product's time; int8 storage lost recall. faiss's HNSW cannot remove
+vectors
 (an edit must remove its old chunks), hnswlib has no wheel here. Removal is real (usearch
 removes keys), adding is incremental, and the graph is saved to disk and loaded back at start,
 so neither an edit nor a restart rebuilds it.

@@ -34,7 +34,8 @@ from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.engines.models import ResolvedModel
 from ragd.engines.supervisor import Engine
 from ragd.index import store
-from ragd.index.vectorstore import (MAX_ATTEMPTS, PROBE_TEXT, Space, VectorStore, insert)
+from ragd.index.space import Space
+from ragd.index.vectorstore import MAX_ATTEMPTS, PROBE_TEXT, VectorStore, insert
 from ragd.ingest.chunker import embed_text
 from ragd.workers import Worker
 
@@ -163,7 +164,7 @@ class Embedder:
             return None
         return space.id, rows
 
-    def _count(self, rows: list) -> None:
+    def count_stored(self, rows: list) -> None:
         """Vectors stored (texts embedded and kept): the counts status shows."""
         self.stats.texts += len(rows)
         self.stats.tokens += sum(n for _, _, n, _ in rows)
@@ -186,8 +187,7 @@ class Embedder:
                         self.space = self.store.open(db, self.model, probe, self._stop,
                                                      self.activate, self.record)
                         if self.activate:
-                            self.store.embed_now_hook = self.embed_now
-                            self.store.stored_hook = self._count
+                            self.store.serve_edits(self)
                     self.state = "idle" if self.space.idle() else "embedding"
                     if not self.activate and self.on_complete is not None and \
                             self.space.idle():
@@ -298,7 +298,7 @@ class Embedder:
             insert(db, self.space.id, [(h, v, n, tr) for (h, _, n, tr), v in zip(batch, vecs)])
         self.store.to_matrix(db, self.space, {h: v for (h, _, _, _), v in zip(batch, vecs)})
         self.space.stored([h for h, _, _, _ in batch])  # pending_texts falls batch by batch
-        self._count(batch)
+        self.count_stored(batch)
 
     def _record_failure(self, db: sqlite3.Connection, h: str, reason: str) -> None:
         space = self.space

@@ -162,14 +162,10 @@ class Embedding:
             try:
                 with self.vectors.sync:
                     with store.transaction(db):
-                        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES "
-                                   "('active_space', ?)", (str(nxt.space.id),))
-                        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES "
-                                   "('active_model', ?)", (nxt.record,))
-                    self.vectors.active, self.vectors.building = nxt.space, None
+                        self.vectors.make_active(db, nxt.space.id, nxt.record)
+                    self.vectors.promote(nxt.space)
                     nxt.activate = True
-                    self.vectors.embed_now_hook = nxt.embed_now
-                    self.vectors.stored_hook = nxt._count
+                    self.vectors.serve_edits(nxt)
             finally:
                 db.close()
             self.active, self.next = nxt, None

@@ -2,10 +2,9 @@
 hybrid and BM25 search (``[search] bm25_index = "tantivy"``, the default).
 
 Why a second full-text index beside FTS5: FTS5's ``bm25()`` scores every row a query word
-matches, so a natural question ("how do I ...") costs a walk of most of the index — 48 ms at
-100k chunks and 0.6 s at 1M here. tantivy's top-k skips what cannot enter the top (block-max
-WAND): the dev-set questions take 1.7 ms at 100k and 12.5 ms at 1M (2 cores, measured with
-bench/scale.py). One field, one BM25 (k1 1.2, b 0.75) over the chunk's heading, aliases and
+matches, so a natural question ("how do I ...") costs a walk of most of the index, growing
+with it. tantivy's top-k skips what cannot enter the top (block-max WAND), so its cost stays
+near flat (docs/scaling.md). One field, one BM25 (k1 1.2, b 0.75) over the chunk's heading, aliases and
 tags (twice: see search_text) and body.
 
 The words are FTS5's own: ``index_tokens`` gives each text as the porter tokenizer of
@@ -63,8 +62,7 @@ IDLE_CHECK = 60.0  # seconds between looks at the outbox when no commit woke the
 # tantivy's BM25 counts a deleted document — each chunk an edit, a move or a delete replaced —
 # in its statistics (the number of documents, each word's document frequency, the average
 # length) until a merge drops it, and its merges seldom take the large segment a fill wrote.
-# The dev set's ranking moved by ±0.01 MRR@10 with 8% of the chunks replaced, and a word no
-# chunk holds any more still counted. Once the documents deleted since the fill reach this
+# The ranking drifts as they pile up, and a word no chunk holds any more still counts. Once the documents deleted since the fill reach this
 # share of those there (and REFILL_MIN), the index is filled anew (FTS5 answers meanwhile).
 REFILL_SHARE = 0.2
 REFILL_MIN = 200
@@ -104,9 +102,8 @@ def uninstall(db: sqlite3.Connection) -> None:
 
 # The text a chunk is indexed as: its heading path and its note's aliases and tags twice, then
 # its body. FTS5 weighs a word of the heading or keywords columns 1.5 times one of the body;
-# tantivy has no such weights in one field, and a field each, their scores summed, ranked worse
-# (dev MRR@10 0.538). BM25 alone, in process — heading and keywords twice: dev MRR@10 0.657,
-# SciFact train nDCG@10 0.7054; once: 0.632, 0.7036; FTS5's weighted columns: 0.621, 0.7043.
+# tantivy has no such weights in one field, and a field each, their scores summed, ranked worse;
+# twice ranked best of the ways tried (docs/quality.md).
 FORMAT = "2"  # of the indexed text and schema: another format rebuilds the folder
 # (1 -> 2: symbol tokens)
 

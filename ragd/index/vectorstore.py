@@ -20,7 +20,6 @@ table by (chunk id, text hash) — what changed since is read from the cache, no
 from __future__ import annotations
 
 import hashlib
-import heapq
 import logging
 import sqlite3
 import threading
@@ -33,6 +32,7 @@ import numpy as np
 from ragd.engines.models import REGISTRY, ResolvedModel, recognise, sha256_file
 from ragd.index import store
 from ragd.index.ann import AnnIndex
+from ragd.index.space import Space
 from ragd.index.vectors import VectorIndex, from_blob, to_blob
 
 log = logging.getLogger("ragd.vectors")
@@ -63,141 +63,6 @@ def fingerprint(db: sqlite3.Connection, model: ResolvedModel) -> str:
     return hashlib.blake2b(parts.encode(), digest_size=12).hexdigest()
 
 
-class Space:
-    """One vector space: its matrix, and the queue of texts still without a vector."""
-
-    def __init__(self, space_id: int, model: ResolvedModel, vectors: VectorIndex):
-        self.id = space_id
-        self.model = model
-        self.vectors = vectors
-        self.note: str | None = None  # e.g. "the embedding model changed"
-        # the registry model a GGUF given by path was recognised as (models.recognise)
-        self.recognised = None
-        self.cv = threading.Condition()
-        self.todo: OrderedDict[str, None] = OrderedDict()  # text hashes without a vector
-        self.retry: list[tuple[float, str]] = []  # (when, text hash): refused, try again
-        # Hashes taken off the queue, not yet stored. One may be queued again meanwhile (the
-        # same text committed by another file): it is counted once, and leaves the queue
-        # when it is stored (see stored).
-        self.inflight: set[str] = set()
-        self.changed_at = 0.0  # monotonic time the matrix last changed (for snapshots)
-        self.saved_at = 0.0
-        self.ann_ops: list | None = None  # while a graph is built: changes to replay on it
-
-    # the queue ------------------------------------------------------------------------------------
-
-    def searched_by(self) -> str:
-        """How its vectors are searched: "exact", "hnsw", or "exact (building hnsw)"."""
-        if isinstance(self.vectors, AnnIndex):
-            return "hnsw"
-        return "exact (building hnsw)" if self.ann_ops is not None else "exact"
-
-    def pending(self) -> int:
-        with self.cv:
-            return (len(self.todo) + len(self.retry)
-                    + sum(1 for h in self.inflight if h not in self.todo))
-
-    def busy(self) -> bool:  # with self.cv held
-        return bool(self.todo or self.retry or self.inflight)
-
-    def idle(self) -> bool:
-        with self.cv:
-            return not self.busy()
-
-    def wait_idle(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self.cv:
-            while self.busy():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cv.wait(left)
-        return True
-
-    def queue(self, hashes, first: bool = False) -> None:
-        """Texts to embed, at the back of the queue; `first`: at its front (an edit's, while a
-        backlog is embedded: it waits for the batch in the engine's hands, not the backlog)."""
-        with self.cv:
-            hashes = list(hashes)
-            for h in hashes:
-                self.todo[h] = None
-            if first:
-                for h in reversed(hashes):
-                    self.todo.move_to_end(h, last=False)
-            self.cv.notify_all()
-
-    def take(self, n: int, stop: threading.Event) -> list[str]:
-        """The next hashes to embed; sleeps (no polling) while there are none."""
-        with self.cv:
-            while not stop.is_set():
-                now = time.time()
-                while self.retry and self.retry[0][0] <= now:
-                    self.todo[heapq.heappop(self.retry)[1]] = None
-                if self.todo:
-                    break
-                self.cv.notify_all()  # wait_idle
-                self.cv.wait(self.retry[0][0] - now if self.retry else None)
-            out = []
-            while self.todo and len(out) < n:
-                out.append(self.todo.popitem(last=False)[0])
-            self.inflight.update(out)
-            return out
-
-    def give_back(self, hashes: list[str]) -> None:
-        """Hashes taken but not stored (the engine went away): to the front of the queue."""
-        with self.cv:
-            for h in reversed(hashes):
-                self.todo[h] = None
-                self.todo.move_to_end(h, last=False)
-            self.cv.notify_all()
-
-    def stored(self, hashes) -> None:
-        """These texts have their vectors (in the cache and the matrix): no longer counted as
-        waiting, nor queued again (another file's commit queued a text while it was embedded;
-        a chunk committed since is given the vector by to_matrix or the commit's cache look)."""
-        with self.cv:
-            for h in hashes:
-                self.inflight.discard(h)
-                self.todo.pop(h, None)
-            self.cv.notify_all()
-
-    def done(self, hashes: list[str]) -> None:
-        with self.cv:
-            self.inflight.difference_update(hashes)
-            self.cv.notify_all()
-
-    def queued(self, hashes: set[str]) -> set[str]:
-        """Those of these hashes waiting in the queue or being embedded now."""
-        with self.cv:
-            out = {h for h in hashes if h in self.todo or h in self.inflight}
-            out.update(h for _, h in self.retry if h in hashes)
-            return out
-
-    def forget(self, hashes: set[str]) -> None:
-        """Texts no chunk has any more, out of the queue: what is left to embed (status'
-        pending_texts and its ETA) no longer counts them, nor those being embedded now (which
-        the embedder drops if it has not read their text yet)."""
-        if not hashes:
-            return
-        with self.cv:
-            for h in hashes:
-                self.todo.pop(h, None)
-            self.inflight.difference_update(hashes)  # (still embedded, the vectors kept)
-            if any(h in hashes for _, h in self.retry):
-                self.retry = [r for r in self.retry if r[1] not in hashes]
-                heapq.heapify(self.retry)
-            self.cv.notify_all()  # wait_idle: it may be idle now
-
-    def later(self, when: float, h: str) -> None:
-        with self.cv:
-            heapq.heappush(self.retry, (when, h))
-            self.cv.notify_all()
-
-    def wake(self) -> None:
-        with self.cv:
-            self.cv.notify_all()
-
-
 class VectorStore:
     def __init__(self, data_dir: Path, dtype: str = "float32", ann_threshold: int = 0):
         self.dir = data_dir / "vectors"
@@ -210,9 +75,11 @@ class VectorStore:
         self.active: Space | None = None
         self.building: Space | None = None
         self.enabled = True  # an embedding model is configured
-        self.embed_now_hook = None  # set by the active space's embedder: (db, records) -> ...
-        self.stored_hook = None  # told of vectors stored with an edit's commit (counts)
-        self.committed_hook = None  # told after commits that changed chunks or vectors
+        # The embedder of the active space: it embeds an edit's texts before its commit, and
+        # counts what that stored (serve_edits); and whoever wants to hear of every commit
+        # that changed chunks or vectors (on_commit: the Milvus mirror).
+        self._live = None
+        self._committed: list = []
 
     # -- the indexer's listener ---------------------------------------------------------------------
 
@@ -231,8 +98,7 @@ class VectorStore:
         chunk has any more: a source removed while its texts were waiting), takes the cached
         vectors of the added ones, and queues the texts that have none: those of a live edit
         (`live`) first, so that one made while a backlog is embedded is found by its meaning
-        after the engine's current batch, not after the backlog (a walk saw a new note wait
-        12 minutes for its vector)."""
+        after the engine's current batch, not after the backlog."""
         for space in self.spaces():
             if removed:
                 self._remove(space, removed)
@@ -248,8 +114,8 @@ class VectorStore:
             missing = [h for h in by_hash if h not in found]
             if missing:
                 space.queue(missing, first=live)
-        if self.committed_hook is not None:
-            self.committed_hook()
+        for fn in self._committed:
+            fn()
 
     @staticmethod
     def _chunk_texts(db: sqlite3.Connection, hashes) -> set[str]:
@@ -263,16 +129,44 @@ class VectorStore:
                 f"({','.join('?' * len(part))})", part))
         return out
 
+    # -- subscriptions ------------------------------------------------------------------------
+
+    def on_commit(self, fn) -> None:
+        """Call fn() after each indexer commit that changed chunks or vectors."""
+        self._committed.append(fn)
+
+    def serve_edits(self, embedder) -> None:
+        """This embedder (index/embedder.py) embeds the edits of the active space from now on:
+        its embed_now before a commit, its count_stored of what that stored."""
+        self._live = embedder
+
+    def make_active(self, db: sqlite3.Connection, space_id: int, record: str | None) -> None:
+        """Record the space searched (and the model in use, so a restart mid-switch resumes),
+        in the caller's transaction. The one writer of both: a space opened active and a
+        switch's flip (index/switch.py) go through it."""
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('active_space', ?)",
+                   (str(space_id),))
+        if record is not None:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('active_model', ?)",
+                       (record,))
+
+    def promote(self, space: Space) -> None:
+        """Make `space` the one searched (with self.sync held): the one place that sets it,
+        for a space opened active and for a switch's new space, which stops being built."""
+        if self.building is space:
+            self.building = None
+        self.active = space
+
     def embed_now(self, db: sqlite3.Connection, records: list):
-        hook = self.embed_now_hook
-        return hook(db, records) if hook is not None else None
+        live = self._live
+        return live.embed_now(db, records) if live is not None else None
 
     def put_vectors(self, db: sqlite3.Connection, space: int, rows: list) -> None:
         """An edit's vectors, embedded before its commit: stored in the caller's transaction."""
         if rows:
             insert(db, space, rows)
-            if self.stored_hook is not None:
-                self.stored_hook(rows)
+            if self._live is not None:
+                self._live.count_stored(rows)
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -362,8 +256,8 @@ class VectorStore:
             if rows:
                 self._add(space, [r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]),
                           [r[2] for r in rows])
-        if self.committed_hook is not None:
-            self.committed_hook()
+        for fn in self._committed:
+            fn()
 
     # -- opening a space ----------------------------------------------------------------------------
 
@@ -396,11 +290,7 @@ class VectorStore:
                                 model.name, drift)
             db.execute("UPDATE spaces SET last_used = ? WHERE id = ?", (now, chosen))
             if activate:
-                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('active_space', ?)",
-                           (str(chosen),))
-                if record is not None:  # the model in use, so a restart mid-switch resumes
-                    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES "
-                               "('active_model', ?)", (record,))
+                self.make_active(db, chosen, record)
         t0 = time.monotonic()
         space = Space(chosen, model, VectorIndex(len(probe), self.dtype, chosen))
         if model.name not in REGISTRY and (spec := recognise(probe)) is not None:
@@ -429,7 +319,7 @@ class VectorStore:
             if stale:  # the snapshot lacks what was read from the cache: written at the next tick
                 space.saved_at = 0.0
             if activate:
-                self.active = space
+                self.promote(space)
             else:
                 self.building = space
         log.info("vector space %d (%s, %d dims): %d vectors%s, %d texts to embed, in %.2fs",

@@ -341,8 +341,8 @@ def check_inside(source: Source, path: Path) -> None:
             raise Unreadable(f"a link to a file outside the source ({real}): ragd does not "
                              f"follow links out of its sources")
         # A link to a note the source indexes anyway is that note twice, and its copy went
-        # stale: an edit of the target is heard under the target's path only (found by a
-        # fresh-user walk: the link's old text outranked the note). A link to a file the
+        # stale: an edit of the target is heard under the target's path only, and the link's
+        # old text could outrank the note. A link to a file the
         # source's rules leave out (a dot-folder, an ignored one) is how it gets indexed.
         target = real.relative_to(root).as_posix()
         if real.is_file() and Rules(source).wanted(target):  # (a link to a folder is not)

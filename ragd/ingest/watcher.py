@@ -31,11 +31,9 @@ scanned.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import logging
 import os
-import re
 import threading
 import time
 import warnings
@@ -47,6 +45,7 @@ from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, Fi
 from watchdog.observers import Observer
 
 from ragd.config import Source
+from ragd.ingest import inotify
 from ragd.ingest.sources import Rules
 from ragd.workers import Worker
 
@@ -55,12 +54,6 @@ MOVE_PAIRING = 0.7
 
 log = logging.getLogger("ragd.watcher")
 
-# A folder moved back where it was (out of a source and back, renamed and back) keeps its inode,
-# so inotify gives its old watch again, and watchdog (7.x) warns that it replaces the callback
-# it had there by the same one: a RuntimeWarning of the whole watch table (~9 KB) on stderr,
-# which is the daemon's log. Nothing is wrong; the events follow.
-warnings.filterwarnings("ignore", message=r"Callback with id '.*' already exists for watch",
-                        category=RuntimeWarning)
 
 MAX_PENDING = 20000  # more distinct paths than this waiting: rescan the source instead
 STORM_PATHS = 200  # a settled burst of this many paths is followed by a scan of its source
@@ -104,74 +97,6 @@ class _OverflowSpy(logging.Handler):
             log.exception("handling an inotify queue overflow")
 
 
-def inotify_watched() -> set[int] | None:
-    """Inode numbers of the folders this process's inotify instances watch, read from
-    /proc/self/fdinfo; None where that cannot be known (no /proc, or no inotify instance)."""
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    inodes: set[int] = set()
-    found = False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
-                continue
-            with open(f"/proc/self/fdinfo/{fd}") as f:
-                text = f.read()
-        except OSError:
-            continue
-        found = True
-        inodes.update(parse_fdinfo(text))
-    return inodes if found else None
-
-
-def parse_fdinfo(text: str) -> set[int]:
-    """Inode numbers of the watches in one inotify fd's /proc fdinfo text. The kernel prints
-    the watch descriptor and the inode in hex: 'inotify wd:41e ino:1a2b sdev:...'."""
-    return {int(m, 16) for m in re.findall(r"^inotify wd:[0-9a-f]+ ino:([0-9a-f]+)", text, re.M)}
-
-
-def _folders(root: Path) -> dict[int, str]:
-    """Every folder under root that watchdog watches (all of them, dot folders too; symlinks
-    are not followed), by inode number."""
-    out: dict[int, str] = {}
-    for dirpath, dirnames, _ in os.walk(root):
-        try:
-            out[os.stat(dirpath).st_ino] = dirpath
-        except OSError:
-            pass
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-    return out
-
-
-def _watch_limit() -> str:
-    try:
-        with open("/proc/sys/fs/inotify/max_user_watches") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-_libc = None
-
-
-def _try_watch(path: str) -> int | None:
-    """Try to watch a folder with a throwaway inotify instance: None if that works (and the
-    watch is dropped at once), else the errno (ENOSPC: the per-user watch limit)."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    fd = _libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
-    if fd < 0:
-        return ctypes.get_errno()
-    try:
-        wd = _libc.inotify_add_watch(fd, os.fsencode(path), 0x100)  # IN_CREATE
-        return ctypes.get_errno() if wd < 0 else None
-    finally:
-        os.close(fd)  # closing the instance drops its watch
-
-
 class Watcher:
     """Two threads of its own besides watchdog's: the flusher (events coalesced per path, handed
     to the indexer once quiet) and the checker (the inotify bookkeeping: are all folders
@@ -208,6 +133,7 @@ class Watcher:
         self._moves: dict[tuple[str, str, str], float] = {}
         self._inflight = 0  # taken off the queues, not yet handed to the indexer
         self._folder_made_at = -1e9  # monotonic time of the last folder created (see below)
+        self._heard = 0  # events heard so far, under _lock (wait_heard)
         # The checker's schedule, under _check_cv.
         self._check_cv = threading.Condition()
         self._check_at: float | None = time.monotonic()  # compare folders and watches next
@@ -218,6 +144,13 @@ class Watcher:
 
     def start(self) -> None:
         logging.getLogger(OVERFLOW_LOGGER).addHandler(self._spy)
+        # A folder moved back where it was (out of a source and back, renamed and back) keeps
+        # its inode, so inotify gives its old watch again, and watchdog (7.x) warns that it
+        # replaces the callback it had there by the same one: a RuntimeWarning of the whole
+        # watch table (~9 KB) on stderr, which is the daemon's log. Nothing is wrong; the
+        # events follow. (Set when watching starts: importing this module changes nothing.)
+        warnings.filterwarnings("ignore", message=r"Callback with id '.*' already exists for "
+                                r"watch", category=RuntimeWarning)
         self.observer.start()  # before any watch, so that a source that cannot be watched
         for s in self.sources:  # fails alone, at its own schedule()
             self._watch(s)
@@ -337,7 +270,7 @@ class Watcher:
         scans = f"the source is scanned every {self.unwatched_scan_interval:g} s instead"
         if e.errno == errno.ENOSPC:
             why = (f"inotify watch limit reached (fs.inotify.max_user_watches = "
-                   f"{_watch_limit()}): {INOTIFY_HINT}; {scans}")
+                   f"{inotify.watch_limit()}): {INOTIFY_HINT}; {scans}")
             self._limited.add(s.name)  # checked again at its scans, watched once it can be
         else:
             why = f"cannot watch {s.root}: {e}; {scans}"
@@ -392,6 +325,9 @@ class Watcher:
         if rules is None:
             return  # a source a reload just removed
         self.last_event[s.name] = time.time()
+        with self._lock:
+            self._heard += 1
+            self._lock.notify_all()
         if self._rules_edited(s, event, rules):
             return
         if os.fsdecode(event.src_path) == str(s.root):
@@ -535,7 +471,7 @@ class Watcher:
         and reports what is done in it under the old path. The check loop looks at the
         sources' folders now, not at its next round: a folder moved away and back between two
         rounds was never seen gone, so nothing scanned it when it came back, and what was
-        written in it meanwhile was not indexed (found by a fresh-user walk)."""
+        written in it meanwhile was not indexed."""
         roots = {s.name: s.root for s in self.sources}
         if any(n in roots and not os.path.isdir(roots[n]) for n in names):
             with self._check_cv:
@@ -570,6 +506,20 @@ class Watcher:
     def pending(self) -> int:
         with self._lock:
             return len(self._due) + len(self._moves) + self._inflight
+
+    def wait_heard(self, timeout: float) -> bool:
+        """Wait until the watcher hears an event (at most timeout s): inotify delivers within
+        milliseconds, so an edit made just before a search --wait is heard by then. Returns
+        whether one was."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            seen = self._heard
+            while self._heard == seen:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+            return True
 
     def wait_settled(self, timeout: float) -> bool:
         """Wait until no event waits to be handed to the indexer.
@@ -665,13 +615,13 @@ class Watcher:
         often. If it works, the folder may just be new (its watch on the way): look again soon;
         still unwatched then, or a reported source whose folders can now be watched (the limit
         was raised): watch the source afresh."""
-        watched = inotify_watched()
+        watched = inotify.inotify_watched()
         if watched is None:
             return
         for s in self.sources:
             if s.name in self.errors and s.name not in self._limited:
                 continue  # not watched at all; already said why
-            folders = _folders(s.root)
+            folders = inotify.folders(s.root)
             missing = sorted(p for i, p in folders.items() if i not in watched)
             if not missing:
                 self._strays.discard(s.name)
@@ -680,7 +630,7 @@ class Watcher:
                     self.errors.pop(s.name, None)
                     log.info("source %s: every folder is watched again", s.name)
                 continue
-            failures = [(p, err) for p in missing if (err := _try_watch(p)) is not None]
+            failures = [(p, err) for p in missing if (err := inotify.try_watch(p)) is not None]
             if not failures:
                 if s.name in self._limited or s.name in self._strays:
                     self._rewatch(s)
@@ -691,7 +641,7 @@ class Watcher:
             path, err = failures[0]
             if err == errno.ENOSPC:
                 cause = (f"inotify watch limit reached (fs.inotify.max_user_watches = "
-                         f"{_watch_limit()}): {INOTIFY_HINT}")
+                         f"{inotify.watch_limit()}): {INOTIFY_HINT}")
             else:
                 cause = f"cannot watch {path}: {os.strerror(err)}"
             why = (f"{cause}; {len(failures)} of {len(folders)} folders are not watched, "

@@ -187,12 +187,12 @@ def _search_info(res: dict) -> dict:
                                     "elapsed_ms") if k in res}
 
 
-def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list | None,
-        path: str | None, tag: str | None):
+def ask(search, cfg, engines, question: str, k: int | None, max_tokens: int | None,
+        sources: list | None, path: str | None, tag: str | None):
     """The `ask` op (see docs/protocol.md): a final reply alone when the notes have nothing
-    to say, else a Stream: the notes used, the answer's text as it comes, the final reply."""
+    to say, else a Stream: the notes used, the answer's text as it comes, the final reply.
+    `search`: the search op (ops/search.py), called as a client would."""
     t0 = time.perf_counter()
-    cfg, engines = ops.cfg, ops.engines
     if not question.strip():
         raise OpError(P.BAD_ARGS, "ask: empty question")
     k = cfg.generator_notes if k is None else k
@@ -215,7 +215,7 @@ def ask(ops, question: str, k: int | None, max_tokens: int | None, sources: list
         raise OpError(P.BAD_ARGS, f"ask: 'max_tokens' must be between 1 and "
                       f"{context - MIN_PROMPT_ROOM} (the generator's context is {context})")
 
-    found = ops.cmd_search(query=question, k=k, mode=None, sources=sources, rerank=None,
+    found = search(query=question, k=k, mode=None, sources=sources, rerank=None,
                            wait=0, path=path, tag=tag, group="note", second=True)
     if not found["results"]:
         return dont_know(question, found.get("reason") or "nothing relevant in the notes",

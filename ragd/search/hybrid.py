@@ -5,16 +5,19 @@ cross-encoder.
                  ├─ RRF ─ best chunks ─ towards those chunks' vectors ┐
     BM25 top-N   ┘                                                    ├─ convex fusion ─ ...
     BM25 top-N  ──────────────────────────────────────────────────────┘   (or RRF, k=60)
-    ... ─ threshold ─ rerank top-M within a time budget ─ top k
+    ... ─ threshold ─ boilerplate ─ a clear match by meaning lifted ─ rerank top-M ─ top k
 
 RRF adds 1/(k + rank) over the lists a chunk appears in; it only chooses the feedback chunks
 (Searcher._feedback), unless search.fusion = "rrf". The final fusion mixes the two scores, each
-scaled over its list (convex). The threshold looks at the best cosine of the query itself:
-below it the answer is "nothing relevant" (no results, with the reason), and nothing is
-reranked — unless some chunk contains every word of the query (a literal match), which is
-answered as usual with ``below_threshold``. When the embedding
-engine is down, search answers from BM25 alone and says so (``degraded``); when the reranker is
-down or slow, the fused order is returned and the reply says it was not reranked.
+scaled over its list (convex; fusion.py). The threshold looks at the best cosine of the query
+itself: below it, and with no chunk holding a content word, the answer is "nothing relevant"
+(no results, with the reason); a chunk containing every word of the query (a literal match) is
+answered as usual with ``below_threshold``. When the embedding engine is down, search answers
+from BM25 alone and says so (``degraded``); when the reranker is down or slow, the fused order
+is returned and the reply says it was not reranked.
+
+Searcher.run returns a Ranking: what was ranked and why, from which ops/search.py chooses the
+reply's fields. The stages share one _Query (the lists and their scores), never the reply.
 """
 
 from __future__ import annotations
@@ -27,176 +30,60 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
 from ragd.engines.client import EngineError, EngineUnavailable
+from ragd.index import store
 from ragd.search import bm25, boilerplate, notes
 from ragd.search.filters import Filters
-from ragd.text import (COMMON_SHARE, HYBRID_COMMON_SHARE, chunk_rows, content_terms,
-                       note_terms, symbols)
+from ragd.search.fusion import (PARTIAL_FUSION_FROM, Candidate, bm25_order, convex,
+                                effective_share, lift, partial_rrf, unit, vector_weight)
+from ragd.search.ranking import Ranking, Trusted
+from ragd.text import COMMON_SHARE, HYBRID_COMMON_SHARE, chunk_rows, symbols
 
 MODES = ("hybrid", "vector", "bm25")
 
+# When no chunk holds a word of the query, a match by meaning alone must be this much above
+# the similarity threshold to be shown (Searcher._anything_relevant); a vector first hit this
+# far above it is trusted (Searcher._trusted).
+MEANING_MARGIN = 0.1
+# The rank a match by meaning that clear is lifted to when below it: while vectors are coming
+# (BM25's order otherwise), and once they are all in (fused).
+TRUSTED_RANK = 2
+TRUSTED_RANK_FULL = 3
 
-def _unit(v) -> np.ndarray:
-    """v (a vector or rows of vectors) scaled to length 1."""
-    v = np.asarray(v, dtype=np.float32)
-    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-9)
+
+@dataclass
+class _Embedded:
+    """The query's vector, from the query-embed thread: its space and what it cost."""
+    space: object
+    vector: np.ndarray
+    ms: float
+    truncated: dict | None = None
+
+
+@dataclass
+class _Query:
+    """One search's working state, shared by the stages of Searcher.run."""
+    db: sqlite3.Connection
+    text: str
+    n: int  # candidates per ranking
+    filters: Filters
+    files: set | None  # the file ids the filters let through; None: every file
+    bufs: list  # the unsaved editor buffers searched instead of their files
+    view: object  # the Milvus collection read (taken once), or None: SQLite
+    text_view: object  # what TextIndex.view gave for this snapshot
+    lists: dict[str, list[int]] = field(default_factory=dict)  # each ranking's chunk ids
+    parts: dict[int, dict] = field(default_factory=dict)  # chunk id -> each signal's part
+    dfs: dict = field(default_factory=dict)  # the query words' chunk counts (for the notes)
+    signed: bool = False  # a chunk holds a symbol of the query (see _bm25_ranking)
+    unembedded: list[int] = field(default_factory=list)  # BM25 hits with no vector yet
+    query_vector: _Embedded | None = None
+    first: tuple[int, float] | None = None  # the vectors' first chunk for the query itself
 
 
 def _done(value) -> Future:
     fut: Future = Future()
     fut.set_result(value)
     return fut
-
-
-def vector_weight(query: str) -> float:
-    """The vector ranking's weight in the fusion: half for a query of at most three content
-    words. A few typed keywords are BM25's strength (dev set: BM25 MRR 0.94 on keyword
-    queries, vectors 0.69). Giving long questions more vector weight helped the dev set's
-    paraphrases but hurt SciFact's claims (train nDCG@10 -0.004): not kept."""
-    return 0.5 if len(content_terms(query)) <= 3 else 1.0
-
-
-@dataclass
-class Candidate:
-    chunk_id: int
-    score: float
-    parts: dict = field(default_factory=dict)
-
-
-def rrf(lists: dict[str, list[int]], k: int = 60,
-        weights: dict[str, float] | None = None) -> dict[int, float]:
-    """Reciprocal Rank Fusion: each list adds weight / (k + rank) to the chunks it ranks."""
-    scores: dict[int, float] = {}
-    for name, ranked in lists.items():
-        w = 1.0 if weights is None else weights.get(name, 1.0)
-        for rank, cid in enumerate(ranked, 1):
-            scores[cid] = scores.get(cid, 0.0) + w / (k + rank)
-    return scores
-
-
-# Below this share of chunks with a vector, hybrid keeps BM25's scores and order (the vector
-# side only adds what BM25 did not find, after it, and lifts a match by meaning clear enough
-# to trust: Searcher._trusted): a fusion with a partial vector list ranks embedded chunks
-# above the unembedded ones that answer (docs/quality.md). Above it, the fusion counts a
-# chunk still without a vector as BM25 does: an edit's few chunks waiting for their vectors
-# do not switch the ranking.
-PARTIAL_FUSION_FROM = 0.95
-
-def _lift(items: list, match, rank: int, info: dict) -> None:
-    """Move the first item that `match`es up to `rank` (1-based) when it is below it."""
-    at = next((i for i, x in enumerate(items) if match(x)), None)
-    if at is not None and at >= rank:
-        items.insert(rank - 1, items.pop(at))
-        info["trusted"]["lifted_from"] = at + 1
-
-# When no chunk holds a word of the query, a match by meaning alone must be this much above
-# the similarity threshold to be shown (Searcher._anything_relevant).
-MEANING_MARGIN = 0.1
-# The rank a match by meaning that clear (Searcher._trusted) is lifted to when below it: while
-# vectors are coming (BM25's order otherwise), and once they are all in (fused).
-TRUSTED_RANK = 2
-TRUSTED_RANK_FULL = 3
-
-
-def partial_rrf(lists: dict[str, list[int]], k: int, weights: dict[str, float],
-                coverage: float, unembedded) -> dict[int, float]:
-    """RRF while vectors are still being built (coverage < 1): the vector list ranks only the
-    chunks embedded so far, so a chunk's rank in it is about coverage x its rank in the whole
-    corpus — taken as rank / coverage; and a chunk BM25 found that has no vector yet is given
-    its BM25 rank on the vector side too (no opinion, rather than a vote against it). At full
-    coverage this is plain weighted RRF. Dev set MRR@10 (bench/while_embedding.py), hybrid
-    against BM25's 0.642: 0.604 at 10% coverage, 0.632 at 50% (weighting the vector list by the
-    coverage instead: 0.597 and 0.511; this and the coverage weight together: 0.607, 0.622).
-    Still a little below BM25: RRF's flattening of BM25's scores costs on its own."""
-    if coverage >= 1.0 or "vector" not in lists:
-        return rrf(lists, k, weights)
-    w = weights.get("vector", 1.0)
-    fused = rrf({name: ids for name, ids in lists.items() if name != "vector"}, k, weights)
-    for rank, cid in enumerate(lists["vector"], 1):
-        fused[cid] = fused.get(cid, 0.0) + w / (k + rank / max(coverage, 1e-3))
-    unembedded = set(unembedded)
-    for rank, cid in enumerate(lists.get("bm25", ()), 1):
-        if cid in unembedded:
-            fused[cid] += w / (k + rank)
-    return fused
-
-
-def _minmax(scores: list[float]) -> list[float]:
-    """Scores scaled to 0..1 over their list (all 1 when they are equal: one hit, or ties)."""
-    lo, hi = min(scores, default=0.0), max(scores, default=0.0)
-    return [(x - lo) / (hi - lo) for x in scores] if hi > lo else [1.0] * len(scores)
-
-
-def convex(lists: dict[str, list[int]], parts: dict[int, dict], share: float,
-           unembedded=()) -> dict[int, float]:
-    """Convex fusion: share x the cosine + (1 - share) x the BM25 score, each scaled min-max over
-    its own list (a chunk missing from a list gets 0 from it). Unlike RRF it keeps how far apart
-    the scores are — a clear first BM25 hit stays clear, a flat tail stays flat. A chunk BM25
-    found that has no vector yet (an edit being embedded) gets its BM25 value on the vector
-    side too: no opinion, rather than a vote against it.
-
-    Measured through the daemon (ragctl eval, 2026-12-01), RRF (k=60) -> convex at share 0.6,
-    both after dense feedback: dev set MRR@10 0.838 -> 0.841 (hit@3 0.86 -> 0.88, hit@5 0.94 ->
-    0.90; 0.838 -> 0.831 once comment-only sections stopped being chunks: one question),
-    SciFact train nDCG@10 0.721 -> 0.732, test 0.717 -> 0.725. Share 0.5 was better on SciFact
-    (train 0.737) and worse on the dev set (0.818); 0.7 worse on both (README, Quality).
-    Bruch et al., "An analysis of fusion functions for hybrid retrieval" (TOIS 2023), found the
-    same of convex fusion against RRF on BEIR, in and out of domain, with a share tuned on few
-    queries."""
-    scaled = {name: dict(zip(ids, _minmax([parts[c][name] for c in ids])))
-              for name, ids in lists.items() if name in ("bm25", "vector")}
-    fused: dict[int, float] = {}
-    for name, w in (("bm25", 1.0 - share), ("vector", share)):
-        for cid, x in scaled.get(name, {}).items():
-            fused[cid] = fused.get(cid, 0.0) + w * x
-    if "vector" in lists:
-        bm = scaled.get("bm25", {})
-        for cid in bm.keys() & set(unembedded):
-            fused[cid] += share * bm[cid]
-    return fused
-
-
-def effective_share(share: float, vector_weight: float) -> float:
-    """The vector share of convex fusion with the vector ranking weighted (vector_weight): the
-    same odds as RRF's weights, share x w against (1 - share)."""
-    v = share * vector_weight
-    return v / (v + 1.0 - share) if v + 1.0 - share > 0 else share
-
-
-NOTE_CANDIDATES = 100  # notes the note-level BM25 scores (then scaled 0..1 over them)
-
-
-def note_evidence(db: sqlite3.Connection, query: str, weight: float, dfs: dict | None = None,
-                  overlay=None, bufs=(), exclude=()) -> dict[int, tuple[float, float, int]]:
-    """A note's words as one document: file id -> (what it adds to the note's score, its BM25
-    score, its rank), for the best NOTE_CANDIDATES notes by the BM25 of their whole text; the
-    score scaled 0..1 over them, times `weight`. notes.group adds it to notes ranked by their
-    chunks (a note no chunk brought gains nothing: it has no chunk to show). An editor's
-    unsaved buffer (`bufs`, of the BufferStore `overlay`) is scored as its note would be, in
-    place of its file (`exclude`).
-
-    Why: a chunk is scored on its own words, so a note whose sections each hold some words of
-    the question ranks below one chunk holding most of them. Callan ("Passage-level evidence in
-    document retrieval", SIGIR 1994) found the best passage and the whole document together
-    better than either. Measured through the daemon (ragctl eval, 2026-12-01), note_weight
-    0 -> 0.25: dev set hybrid MRR@10 0.831 -> 0.842 (hit@5 0.90 -> 0.94), BM25 alone 0.662 ->
-    0.685; SciFact train nDCG@10 hybrid 0.732 -> 0.736, BM25 0.696 -> 0.701 (test: hybrid
-    0.725 -> 0.729, BM25 0.692 -> 0.686). 0.5 lost on the dev set (README, Quality). Cost:
-    +2.6 ms a hybrid search at 9k chunks, +6.6 ms at 100k, +11.6 ms at 1M (FTS5 scores every
-    note holding a word it is given: NOTE_COMMON_SHARE, NOTE_POSTINGS)."""
-    parts = note_terms(db, query, dfs)
-    scores = bm25.note_search(db, parts, NOTE_CANDIDATES + len(exclude))
-    for fid in exclude:  # files an unsaved buffer stands in for: the buffer is scored instead
-        scores.pop(fid, None)
-    if bufs and overlay is not None:
-        scores.update(overlay.note_scores(db, parts, bufs))
-    scores = dict(sorted(scores.items(), key=lambda x: -x[1])[:NOTE_CANDIDATES])
-    if not scores:
-        return {}
-    scaled = dict(zip(scores, _minmax(list(scores.values()))))
-    return {fid: (weight * scaled[fid], round(x, 6), rank)
-            for rank, (fid, x) in enumerate(scores.items(), 1)}
 
 
 class Searcher:
@@ -225,221 +112,231 @@ class Searcher:
 
     def run(self, db: sqlite3.Connection, query: str, k: int, mode: str,
             filters: Filters | None, rerank: bool | None,
-            group: str = "chunk", text_view=None) -> tuple[list[Candidate], dict]:
-        """Rank chunks for the query. Returns (candidates best first, reply fields). For
-        group "note" the reranker sees the best chunk of each of the top notes, and the
-        fields hold `note_evidence` (note_evidence, for notes.group). text_view: what
-        TextIndex.view gave for this snapshot (the tantivy searcher, or why not)."""
-        filters = filters or Filters()
-        dfs: dict = {}  # the query words' chunk counts: the chunk ranking's, for the notes
-        timings: dict[str, float] = {}
-        bufs = self.buffers.active() if self.buffers is not None else []
-        if bufs:  # the buffers stand in for their files
-            filters = dataclasses.replace(filters, exclude_files=tuple(
-                b.file_id for b in bufs if b.file_id is not None))
-            bufs = [b for b in bufs if filters.admits_buffer(b.source, b.rel)]
-        info: dict = {"mode": mode, "reranked": False, "timings": timings}
-        # the Milvus collection this search reads (taken once), or None: SQLite
-        view = self.backend.view if self.backend is not None and self.backend.serving \
-            else None
-        if self.backend is not None:
-            info["store"] = "milvus" if view else f"sqlite (milvus {self.backend.state})"
-        n = max(self.cfg.search_candidates, k)
-        # the files the filters let through, read once (each ranking applies them); None when
-        # that is every file: a filter that keeps everything costs nothing (an 18k-id term set
-        # cost tantivy 11 ms a search at 100k chunks)
-        files = filters.file_ids(db) if filters.active else None
-        if files is not None and len(files) == db.execute("SELECT COUNT(*) FROM files"
-                                                          ).fetchone()[0]:
-            files = None
-        if files is not None and len(files) == 0 and not bufs:  # not "nothing relevant"
-            info["reason"] = "no indexed note passes the filters"
-            info["filtered_out"] = True
-            return [], info
-        lists: dict[str, list[int]] = {}
-        parts: dict[int, dict] = {}
-        signed = False  # a chunk holds a symbol of the query (see _bm25_ranking)
-
-        if mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
-            mode = info["mode"] = "bm25"  # dense search is off by configuration: not degraded
-        # The query's embedding is asked for first and BM25 runs while the engine works on it:
-        # a hybrid search costs max(embedding, BM25), not their sum.
-        embedding = self._embed_query(query, info) if mode in ("hybrid", "vector") else None
-        if mode == "hybrid":
-            # while vectors are coming hybrid keeps BM25's ranking: the one mode bm25 gives
-            space = self.vectors.active
-            coverage = self._coverage(db, space.vectors) if space is not None else 1.0
-            prune = (HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
-                     else COMMON_SHARE)
-            signed = self._bm25_ranking(db, query, n, filters, files, bufs, lists, parts, info,
-                                        view, text_view, prune, dfs)
-        query_vector = None
-        if mode in ("hybrid", "vector"):
-            got = self._vector_ranking(db, embedding, n, files, lists, parts, info, view, bufs)
-            if not isinstance(got, str):
-                query_vector = got
-            else:
-                info["degraded"] = True
-                info["reason"] = got
-                info["requested_mode"] = mode
-                if mode == "vector":
-                    signed = self._bm25_ranking(db, query, n, filters, files, bufs, lists, parts,
-                                                info, view, text_view, dfs=dfs)
-                mode = info["mode"] = "bm25"
-        elif mode == "bm25":
-            signed = self._bm25_ranking(db, query, n, filters, files, bufs, lists, parts, info,
-                                        view, text_view, dfs=dfs)
+            group: str = "chunk", text_view=None) -> Ranking:
+        """Rank chunks for the query. For group "note" the reranker sees the best chunk of each
+        of the top notes, and the Ranking holds `note_evidence` (for notes.group). text_view:
+        what TextIndex.view gave for this snapshot (the tantivy searcher, or why not)."""
+        r = Ranking(mode)
+        q = self._begin(db, query, k, filters, text_view, r)
+        if q is None:
+            return r
+        self._rank(q, r)
         t = time.perf_counter()
-
-        if not self._anything_relevant(db, query, mode, filters, lists, info, signed):
-            return [], info
-        if lists.get("vector"):
-            head = lists["vector"][:5]
+        if not self._anything_relevant(q, r):
+            return r
+        if q.lists.get("vector"):
+            head = q.lists["vector"][:5]
             common = boilerplate.shared(db, head)
             first = next((c for c in head if c not in common), head[0])
-            info["_vfirst"] = (first, parts[first]["vector"])
+            q.first = (first, q.parts[first]["vector"])
         weights = {"vector": vector_weight(query), "bm25": 1.0}
-        coverage = info.get("vector_coverage", 1.0)
-        if mode == "hybrid" and coverage >= PARTIAL_FUSION_FROM:
-            self._feedback(db, query_vector, n, files, lists, parts, weights, info, view, bufs)
-        for name, ranked_ids in lists.items():  # each signal's rank, for --explain
+        if r.mode == "hybrid" and r.coverage >= PARTIAL_FUSION_FROM:
+            self._feedback(q, r, weights)
+        for name, ranked_ids in q.lists.items():  # each signal's rank, for --explain
             for rank, cid in enumerate(ranked_ids, 1):
-                parts[cid][f"{name}_rank"] = rank
-        if mode == "hybrid":
-            info["weights"] = weights
-            unembedded = info.pop("unembedded", ())
-            if coverage < PARTIAL_FUSION_FROM and "vector" in lists:
-                # BM25's own scores and order (as mode bm25 ranks), then what only the
-                # vectors found, below every BM25 hit; a match by meaning clear enough to
-                # trust is lifted (_trusted)
-                info["fusion"] = "bm25 order: vectors still coming"
-                fused = {c: parts[c]["bm25"] for c in lists.get("bm25", ())}
-                floor = min(fused.values(), default=1.0)
-                for rank, cid in enumerate(lists["vector"], 1):
-                    fused.setdefault(cid, floor * 0.5 / rank)
-                key = None  # (no fused score: BM25's own)
-            elif self.cfg.fusion == "convex" and "vector" in lists:
-                info["fusion"] = "convex"
-                share = round(effective_share(self.cfg.vector_share, weights["vector"]), 4)
-                info["weights"] = {"vector": share, "bm25": round(1.0 - share, 4)}
-                fused = convex(lists, parts, share, unembedded)
-                key = "fused"
-            elif "vector" not in lists:  # every cosine was below the threshold
-                info["fusion"] = "bm25 only: vectors below the threshold"
-                fused = {c: parts[c]["bm25"] for c in lists.get("bm25", ())}  # as mode bm25
-                key = None
-            else:
-                info["fusion"] = "rrf"
-                fused = partial_rrf(lists, self.cfg.rrf_k, weights, coverage, unembedded)
-                key = "rrf"
-            if "vector" in lists:
-                self._cut_weak_tail(fused, parts, info)
-            for cid, s in fused.items() if key else ():
-                parts[cid][key] = round(s, 6)
-            order = sorted(fused, key=lambda c: -fused[c])
-            ranked = [Candidate(c, fused[c], parts[c]) for c in order]
+                q.parts[cid][f"{name}_rank"] = rank
+        if r.mode == "hybrid":
+            ranked, key = self._fuse(q, r, weights)
         else:
-            key = "vector" if mode == "vector" else "bm25"
-            ranked = [Candidate(c, parts[c][key], parts[c]) for c in lists.get(key, [])]
-
-        if ranked:
-            common = boilerplate.shared(db, [c.chunk_id for c in ranked])
-            for c in ranked:
-                if c.chunk_id in common:
-                    c.score *= boilerplate.weight(common[c.chunk_id])
-                    c.parts["shared_by"] = common[c.chunk_id]
-            if common:
-                ranked.sort(key=lambda c: -c.score)
-        trusted = self._trusted(info.pop("_vfirst", None), mode, coverage)
-        if trusted is not None:
-            info["trusted"] = trusted
-        timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+            key = "vector" if r.mode == "vector" else "bm25"
+            ranked = [Candidate(c, q.parts[c][key], q.parts[c]) for c in q.lists.get(key, [])]
+        self._weigh_boilerplate(db, ranked)
+        r.trusted = self._trusted(q.first, r.mode, r.coverage)
+        r.timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
         if rerank and ranked:
             top = (notes.firsts(db, ranked, self.cfg.rerank_top, self.buffers)
                    if group == "note" else ranked[:self.cfg.rerank_top])
-            self._rerank(db, query, ranked, top, info)
-        if trusted is not None and group == "chunk" and not info["reranked"]:
-            _lift(ranked, lambda c: c.chunk_id == trusted["chunk_id"], trusted["rank"], info)
-        if group == "note" and self.cfg.note_weight > 0 and ranked and view is None \
-                and not info["reranked"]:  # (the reranker's order stands: notes.group)
-            # (Milvus serving: its BM25 is not FTS5's; the notes' own rows are not used)
-            if key == "fused":  # convex: the BM25 share of the mix
-                weight = self.cfg.note_weight * info["weights"]["bm25"]
-            elif key is None or mode == "bm25" or info.get("fusion", "").startswith("bm25"):
-                weight = self.cfg.note_weight * max(c.score for c in ranked)  # BM25's scale
-            else:  # RRF and vector search rank as they did
-                weight = 0.0
-            if weight > 0:
-                t = time.perf_counter()
-                info["note_evidence"] = note_evidence(db, query, weight, dfs,
-                                                      self.buffers, bufs, filters.exclude_files)
-                timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-        return ranked, info
+            self._rerank(db, query, ranked, top, r)
+        if r.trusted is not None and group == "chunk" and not r.reranked:
+            trusted = r.trusted
+            trusted.lifted_from = lift(ranked, lambda c: c.chunk_id == trusted.chunk_id,
+                                       trusted.rank)
+        if group == "note" and ranked and not r.reranked:  # (the reranker's order stands)
+            self._note_evidence(q, r, ranked, key)
+        r.candidates = ranked
+        return r
 
-    def _anything_relevant(self, db, query: str, mode: str, filters: Filters,
-                           lists: dict[str, list[int]], info: dict, signed: bool) -> bool:
+    # -- the stages -------------------------------------------------------------------------------
+
+    def _begin(self, db, query: str, k: int, filters: Filters | None, text_view,
+               r: Ranking) -> _Query | None:
+        """The search's state: the filters, buffers and store it reads. None when the filters
+        let no note through (not "nothing relevant": r says so)."""
+        filters = filters or Filters()
+        bufs = self.buffers.active() if self.buffers is not None else []
+        if bufs:  # the buffers stand in for their files
+            filters = dataclasses.replace(filters, exclude_files=tuple(
+                b.file_id for b in bufs if b.file_id is not None))
+            bufs = [b for b in bufs if filters.admits_buffer(b.source, b.rel)]
+        view = self.backend.view if self.backend is not None and self.backend.serving \
+            else None
+        if self.backend is not None:
+            r.store = "milvus" if view else f"sqlite (milvus {self.backend.state})"
+        # the files the filters let through, read once (each ranking applies them); None when
+        # that is every file: a filter that keeps everything costs nothing (a large term set
+        # costs tantivy a pass over it for every search)
+        files = filters.file_ids(db) if filters.active else None
+        if files is not None and len(files) == store.count_files(db):
+            files = None
+        if files is not None and len(files) == 0 and not bufs:
+            r.reason = "no indexed note passes the filters"
+            r.filtered_out = True
+            return None
+        return _Query(db, query, max(self.cfg.search_candidates, k), filters, files, bufs,
+                      view, text_view)
+
+    def _rank(self, q: _Query, r: Ranking) -> None:
+        """Each ranking the mode asks for (q.lists): BM25, the vectors, or both; BM25 alone
+        when the vectors cannot be had (r.degraded)."""
+        if r.mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
+            r.mode = "bm25"  # dense search is off by configuration: not degraded
+        # The query's embedding is asked for first and BM25 runs while the engine works on it:
+        # a hybrid search costs max(embedding, BM25), not their sum.
+        embedding = self._embed_query(q.text) if r.mode in ("hybrid", "vector") else None
+        if r.mode == "hybrid":
+            space = self.vectors.active
+            coverage = self._coverage(q.db, space.vectors) if space is not None else 1.0
+            self._bm25_ranking(q, r, HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
+                               else COMMON_SHARE)
+        if r.mode in ("hybrid", "vector"):
+            why = self._vector_ranking(q, r, embedding)
+            if why is not None:
+                r.degraded = True
+                r.reason = why
+                r.requested_mode = r.mode
+                if r.mode == "vector":
+                    self._bm25_ranking(q, r)
+                r.mode = "bm25"
+        else:
+            self._bm25_ranking(q, r)
+
+    def _fuse(self, q: _Query, r: Ranking, weights: dict) -> tuple[list[Candidate], str | None]:
+        """Hybrid: the two rankings as one (fusion.py), the chunks found by meaning alone below
+        the threshold left out. Returns the candidates and the name of the fused score in
+        their parts (None: BM25's own)."""
+        lists, parts = q.lists, q.parts
+        r.weights = weights
+        if r.coverage < PARTIAL_FUSION_FROM and "vector" in lists:
+            # BM25's own scores and order, what only the vectors found after them; a match by
+            # meaning clear enough to trust is lifted (_trusted)
+            r.fusion = "bm25 order: vectors still coming"
+            fused, key = bm25_order(lists, parts), None
+        elif self.cfg.fusion == "convex" and "vector" in lists:
+            r.fusion = "convex"
+            share = round(effective_share(self.cfg.vector_share, weights["vector"]), 4)
+            r.weights = {"vector": share, "bm25": round(1.0 - share, 4)}
+            fused, key = convex(lists, parts, share, q.unembedded), "fused"
+        elif "vector" not in lists:  # every cosine was below the threshold
+            r.fusion = "bm25 only: vectors below the threshold"
+            fused = {c: parts[c]["bm25"] for c in lists.get("bm25", ())}  # as mode bm25
+            key = None
+        else:
+            r.fusion = "rrf"
+            fused = partial_rrf(lists, self.cfg.rrf_k, weights, r.coverage, q.unembedded)
+            key = "rrf"
+        if "vector" in lists:
+            self._cut_weak_tail(fused, parts, r)
+        for cid, s in fused.items() if key else ():
+            parts[cid][key] = round(s, 6)
+        order = sorted(fused, key=lambda c: -fused[c])
+        return [Candidate(c, fused[c], parts[c]) for c in order], key
+
+    @staticmethod
+    def _weigh_boilerplate(db, ranked: list[Candidate]) -> None:
+        """A chunk whose text is in several notes of its source counts less (boilerplate.py)."""
+        if not ranked:
+            return
+        common = boilerplate.shared(db, [c.chunk_id for c in ranked])
+        for c in ranked:
+            if c.chunk_id in common:
+                c.score *= boilerplate.weight(common[c.chunk_id])
+                c.parts["shared_by"] = common[c.chunk_id]
+        if common:
+            ranked.sort(key=lambda c: -c.score)
+
+    def _note_evidence(self, q: _Query, r: Ranking, ranked: list[Candidate],
+                       key: str | None) -> None:
+        """What each note's whole text adds to its score (notes.note_evidence), on the scale
+        of the ranking: the BM25 share of a convex fusion, BM25's own scores, nothing for RRF
+        and vector search. Not while Milvus serves: its BM25 is not FTS5's, and the notes'
+        own rows are not used."""
+        if self.cfg.note_weight <= 0 or q.view is not None:
+            return
+        if key == "fused":
+            weight = self.cfg.note_weight * r.weights["bm25"]
+        elif key is None or r.mode == "bm25" or (r.fusion or "").startswith("bm25"):
+            weight = self.cfg.note_weight * max(c.score for c in ranked)
+        else:
+            return
+        if weight > 0:
+            t = time.perf_counter()
+            r.note_evidence = notes.note_evidence(q.db, q.text, weight, q.dfs, self.buffers,
+                                                  q.bufs, q.filters.exclude_files)
+            r.timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+
+    def _anything_relevant(self, q: _Query, r: Ranking) -> bool:
         """'Nothing relevant' when neither signal has anything: no vector above the similarity
-        threshold, and no chunk holding a content word or a symbol (`signed`) of the query
+        threshold, and no chunk holding a content word or a symbol (q.signed) of the query
         (question and filler words alone do not count). Below the threshold the vector list
         is dropped and BM25 answers, flagged below_threshold. When no chunk holds a word of
         the query, meaning alone must clear a higher bar (meaning_bar): a word no note holds
         ("sourdough") is near the threshold to some chunk of any large vault."""
         thr = self.threshold()
-        best = info.get("best_similarity", 1.0)
+        lists, filters = q.lists, q.filters
+        best = 1.0 if r.best_similarity is None else r.best_similarity
         weak_vectors = "vector" in lists and best < thr
-        if mode == "vector":
+        if r.mode == "vector":
             if weak_vectors:
                 # a chunk holding every word of the query is a literal match, relevant
                 # whatever the cosine (rare names and identifiers embed poorly)
-                if not bm25.all_terms_match(db, query, filters):
-                    return self._nothing(info, filters.narrowed, "vector")
-                info["below_threshold"] = True
+                if not bm25.all_terms_match(q.db, q.text, filters):
+                    return self._nothing(r, filters.narrowed, "vector")
+                r.below_threshold = True
             return True
-        keywords = bool(lists.get("bm25")) and (signed or bm25.content_match(db, query, filters)
-                                                or any(c < 0 for c in lists["bm25"]))
+        keywords = bool(lists.get("bm25")) and (
+            q.signed or bm25.content_match(q.db, q.text, filters)
+            or any(store.unsaved(c) for c in lists["bm25"]))  # (an unsaved buffer's chunk matched)
         if not keywords and "vector" in lists and not weak_vectors and thr > 0:
-            bar = round(thr + MEANING_MARGIN, 4)
-            info["meaning_bar"] = bar
-            if best < bar:
-                return self._nothing(info, filters.narrowed, "meaning")
+            r.meaning_bar = round(thr + MEANING_MARGIN, 4)
+            if best < r.meaning_bar:
+                return self._nothing(r, filters.narrowed, "meaning")
         if weak_vectors:
             del lists["vector"]
             if not keywords:
-                return self._nothing(info, filters.narrowed, "hybrid")
+                return self._nothing(r, filters.narrowed, "hybrid")
             # While vectors are still coming, no close match among the chunks embedded so far
             # is no finding (a source just added has none: best similarity -1): not flagged,
-            # so it does not make the answer low-confidence ("ask" refused a question every
-            # word of which its note holds, a fresh-user trial)
-            if info.get("vector_coverage", 1.0) >= 1.0:
-                info["below_threshold"] = True
-        elif mode == "bm25" and not keywords:
-            return self._nothing(info, filters.narrowed, "bm25")
+            # so it does not make the answer low-confidence
+            if r.coverage >= 1.0:
+                r.below_threshold = True
+        elif r.mode == "bm25" and not keywords:
+            return self._nothing(r, filters.narrowed, "bm25")
         return True
 
-    def _trusted(self, first, mode: str, coverage: float) -> dict | None:
+    def _trusted(self, first, mode: str, coverage: float) -> Trusted | None:
         """The chunk the vectors rank first for the query itself (before dense feedback; not
         boilerplate) when its cosine clears the threshold by MEANING_MARGIN: a match by meaning
         this clear is never buried under keyword matches of the question's words ("why is my
-        indoor tree losing its foliage": the fig note 28th behind AVL trees while vectors were
-        coming, 4th after feedback). Hybrid only; its note is lifted to TRUSTED_RANK (while
-        vectors are coming) or TRUSTED_RANK_FULL."""
+        indoor tree losing its foliage" put the only note that answers behind AVL trees).
+        Hybrid only; its note is lifted to TRUSTED_RANK (while vectors are coming) or
+        TRUSTED_RANK_FULL."""
         thr = self.threshold()
         if first is None or mode != "hybrid" or thr <= 0 or first[1] < thr + MEANING_MARGIN:
             return None
-        return {"chunk_id": first[0], "cosine": round(first[1], 4),
-                "rank": TRUSTED_RANK if coverage < 1.0 else TRUSTED_RANK_FULL}
+        return Trusted(first[0], round(first[1], 4),
+                       TRUSTED_RANK if coverage < 1.0 else TRUSTED_RANK_FULL)
 
     def _cut_weak_tail(self, ranked: dict[int, float], parts: dict[int, dict],
-                       info: dict) -> None:
+                       r: Ranking) -> None:
         """Hybrid: drop from `ranked` the chunks found by meaning alone (no BM25 hit) whose
         cosine is below the similarity threshold (below meaning_bar when no chunk holds a word
         of the query): by the threshold's own measure they are not relevant, and a word found
         in one note came back with nine notes of similarity 0.25 after it. Not in vector
         search, where nothing else stands in. After dense feedback the cosine compared is the
         moved query's (what the fusion used)."""
-        floor = info.get("meaning_bar") or self.threshold()
+        floor = r.meaning_bar or self.threshold()
         if floor <= 0:  # no threshold (0: off)
             return
         weak = [c for c in ranked
@@ -447,42 +344,43 @@ class Searcher:
         for c in weak:
             del ranked[c]
         if weak:
-            info["cut_below_threshold"] = len(weak)
+            r.cut_below_threshold = len(weak)
 
-    def _nothing(self, info: dict, filtered: bool, why: str) -> bool:
+    def _nothing(self, r: Ranking, filtered: bool, why: str) -> bool:
         """Say why nothing is relevant, with the evidence of the ranking that looked: `why`
         "bm25" (no chunk holds a content word), "vector" (no chunk is close enough in
         meaning), "hybrid" (neither), "meaning" (no chunk holds a word, and meaning alone is
         below meaning_bar). `filtered`: the search was narrowed by filters, and the reason
-        says so (a walk read "no note holds a content word" of a word that a note left out
-        by --since held)."""
-        info["nothing_relevant"] = True
+        says so (a note left out by --since may hold the word)."""
+        r.nothing_relevant = True
         none = "no note the filters let through" if filtered else "no note"
         words = f"{none} holds a content word of the query"
-        coverage = info.get("vector_coverage", 1.0)
-        partial = (f" (vectors cover {100 * coverage:.0f}% of the chunks so far: a note not "
-                   f"embedded yet is not compared)" if coverage < 1.0 else "")
-        if "best_similarity" in info and info["best_similarity"] < 0:
+        partial = (f" (vectors cover {100 * r.coverage:.0f}% of the chunks so far: a note not "
+                   f"embedded yet is not compared)" if r.coverage < 1.0 else "")
+        if r.best_similarity is not None and r.best_similarity < 0:
             close = "no chunk has a vector to compare yet"
-        elif "best_similarity" in info:
-            bar = info.get("meaning_bar") if why == "meaning" else self.threshold()
-            close = (f"the best similarity {info['best_similarity']:.3f} is below "
+        elif r.best_similarity is not None:
+            bar = r.meaning_bar if why == "meaning" else self.threshold()
+            close = (f"the best similarity {r.best_similarity:.3f} is below "
                      + (f"the {bar:.3f} a match by meaning alone needs (search.min_similarity "
                         f"+ {MEANING_MARGIN})" if why == "meaning" else
                         f"the threshold {bar:.3f} (search.min_similarity)"))
         else:
             close = None
         if why == "bm25" or close is None:
-            info["reason"] = f"nothing relevant: {words}"
+            r.reason = f"nothing relevant: {words}"
         elif why == "vector":
-            info["reason"] = f"nothing relevant: {close}{partial}"
+            r.reason = f"nothing relevant: {close}{partial}"
         else:
-            info["reason"] = f"nothing relevant: {words}, and {close}{partial}"
+            r.reason = f"nothing relevant: {words}, and {close}{partial}"
         return False
 
-    def _embed_query(self, query: str, info: dict):
+    # -- the rankings -----------------------------------------------------------------------------
+
+    def _embed_query(self, query: str) -> Future:
         """Start embedding the query (on a thread of the pool; the engine call waits on a
-        socket, so BM25 runs meanwhile). Returns a future of (space, vector) or of why not."""
+        socket, so BM25 runs meanwhile). Returns a future of an _Embedded or of why not (a
+        str); the thread writes nothing else."""
         engines = self.engines
         space = self.vectors.active
         if space is None:
@@ -496,18 +394,18 @@ class Searcher:
         def embed():
             t = time.perf_counter()
             text = space.model.query_prefix + query
+            truncated = None
             try:
                 # a query past the model's context (an agent pasting a page) is cut to it, as
-                # documents are: the engine refused it, and search said the engine was down
+                # documents are: the engine would refuse it, and search say the engine is down
                 limit = space.model.context - 4  # ([CLS]/[SEP] or BOS/EOS)
                 text, n = engine.client.fit(text, limit)
                 if n is not None and n > limit:
-                    info["query_truncated"] = {"tokens": n, "kept": limit}
+                    truncated = {"tokens": n, "kept": limit}
                 qv = engine.client.embed([text], timeout=10.0)[0]
             except (EngineUnavailable, EngineError) as e:
                 return f"the embedding engine is unavailable: {e}"
-            info["timings"]["embed_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-            return space, qv
+            return _Embedded(space, qv, round((time.perf_counter() - t) * 1e3, 2), truncated)
 
         return self._pool.submit(embed)
 
@@ -517,148 +415,137 @@ class Searcher:
         total = chunk_rows(db)
         return min(1.0, len(vectors) / total) if total else 1.0
 
-    def _bm25_ranking(self, db, query, n, filters, files, bufs, lists, parts, info, view,
-                      text_view, share: float = COMMON_SHARE, dfs: dict | None = None
-                      ) -> bool:
-        """Fill lists['bm25']: from the Milvus collection `view` when given, else from the
-        tantivy searcher of text_view when it holds this snapshot, else FTS5 (dropping query
-        words in over `share` of the rows); `files`: the file ids the filters let through (None:
-        every file); `dfs` gets the query words' chunk counts (tantivy and FTS5 read them).
-        Returns whether a chunk holds a symbol of the query (only tantivy indexes them:
-        symbols)."""
-        signed = False
+    def _bm25_ranking(self, q: _Query, r: Ranking, share: float = COMMON_SHARE) -> None:
+        """Fill q.lists['bm25']: from the Milvus collection q.view when given, else from the
+        tantivy searcher of q.text_view when it holds this snapshot, else FTS5 (dropping query
+        words in over `share` of the rows). q.dfs gets the query words' chunk counts (tantivy
+        and FTS5 read them); q.signed whether a chunk holds a symbol of the query (only tantivy
+        indexes them: symbols)."""
         t = time.perf_counter()
+        db, query, n, files = q.db, q.text, q.n, q.files
         hits = None
-        if view is not None:
+        if q.view is not None:
             try:
-                hits = self.backend.bm25(view, db, query, n, files)
+                hits = self.backend.bm25(q.view, db, query, n, files)
             except Exception as e:  # Milvus failing: this ranking from SQLite, said so
-                info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
-        if hits is None and text_view is not None and view is None:
-            searcher, why = text_view
-            if bufs:  # their scores are on FTS5's scale
+                r.store = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
+        if hits is None and q.text_view is not None and q.view is None:
+            searcher, why = q.text_view
+            if q.bufs:  # their scores are on FTS5's scale
                 why = "fts5 (unsaved editor buffers are searched)"
             elif searcher is not None:
                 try:
-                    hits = self.text.search(searcher, db, query, n, share, files, dfs)
+                    hits = self.text.search(searcher, db, query, n, share, files, q.dfs)
                     signs = symbols(query)
-                    signed = bool(hits and signs and self.text.holds_any(searcher, signs, files))
+                    q.signed = bool(hits and signs and self.text.holds_any(searcher, signs,
+                                                                           files))
                 except Exception as e:  # tantivy failing: FTS5 answers, said so
                     why = f"fts5 (tantivy failed: {type(e).__name__}: {e})"[:300]
-            info["bm25_index"] = why
+            r.bm25_index = why
         if hits is None:
             hits = [(h.chunk_id, h.score) for h in bm25.search(
-                db, query, n, filters, share, dfs)]
-            info.setdefault("bm25_index", "fts5")  # (bm25_index = "fts5": no tantivy index)
-        if bufs:
-            hits = sorted(hits + self.buffers.bm25_hits(db, query, bufs, None, share),
+                db, query, n, q.filters, share, q.dfs)]
+            if r.bm25_index is None:  # (bm25_index = "fts5": no tantivy index)
+                r.bm25_index = "fts5"
+        if q.bufs:
+            hits = sorted(hits + self.buffers.bm25_hits(db, query, q.bufs, None, share),
                           key=lambda h: -h[1])[:n]
-        lists["bm25"] = [cid for cid, _ in hits]
+        q.lists["bm25"] = [cid for cid, _ in hits]
         for cid, score in hits:
-            parts.setdefault(cid, {})["bm25"] = round(score, 6)
-        info["timings"]["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-        return signed
+            q.parts.setdefault(cid, {})["bm25"] = round(score, 6)
+        r.timings["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
 
-    def _vector_ranking(self, db, embedding, n, files, lists, parts,
-                        info, view=None, bufs=()):
-        """Fill lists['vector'] from the query's embedding (a future), from the Milvus
-        collection `view` when given and of the query's space. Returns why vectors cannot be
-        used (a str), or (the space, the query's vector)."""
+    def _vector_ranking(self, q: _Query, r: Ranking, embedding: Future) -> str | None:
+        """Fill q.lists['vector'] from the query's embedding (a future), from the Milvus
+        collection q.view when given and of the query's space. Returns why vectors cannot
+        be used, or None."""
         got = embedding.result()
         if isinstance(got, str):
             return got
         t = time.perf_counter()
-        space, qv = got
-        vi = space.vectors
-        ids, cos = self._dense(db, space, qv, n, files, info, view, bufs)
-        info["vector_space"] = vi.space
-        info["vector_coverage"] = round(self._coverage(db, vi), 4)
-        if info["vector_coverage"] < 1.0 and "bm25" in lists:  # (buffers' chunks: ids < 0)
-            info["unembedded"] = [c for c in lists["bm25"] if c >= 0 and c not in vi]
-        info["best_similarity"] = round(float(cos[0]), 4) if len(cos) else -1.0
-        self._set_vector_list(ids, cos, lists, parts)
-        info["timings"]["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-        return got
+        q.query_vector = got
+        r.timings["embed_ms"] = got.ms
+        r.query_truncated = got.truncated
+        vi = got.space.vectors
+        ids, cos = self._dense(q, r, got.space, got.vector)
+        r.vector_space = vi.space
+        r.vector_coverage = round(self._coverage(q.db, vi), 4)
+        if r.vector_coverage < 1.0 and "bm25" in q.lists:
+            q.unembedded = [c for c in store.indexed(q.lists["bm25"]) if c not in vi]
+        r.best_similarity = round(float(cos[0]), 4) if len(cos) else -1.0
+        self._set_vector_list(q, ids, cos)
+        r.timings["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        return None
 
     @staticmethod
-    def _set_vector_list(ids, cos, lists, parts) -> None:
-        for cid in lists.get("vector", ()):  # a list searched again replaces the first one
-            parts[cid].pop("vector", None)
-        lists["vector"] = [int(i) for i in ids]
-        for cid, c in zip(lists["vector"], cos):
-            parts.setdefault(cid, {})["vector"] = round(float(c), 6)
+    def _set_vector_list(q: _Query, ids, cos) -> None:
+        for cid in q.lists.get("vector", ()):  # a list searched again replaces the first one
+            q.parts[cid].pop("vector", None)
+        q.lists["vector"] = [int(i) for i in ids]
+        for cid, c in zip(q.lists["vector"], cos):
+            q.parts.setdefault(cid, {})["vector"] = round(float(c), 6)
 
-    def _dense(self, db, space, qv, n, files, info, view, bufs):
+    def _dense(self, q: _Query, r: Ranking, space, qv):
         """(chunk ids, cosines) of the n chunks nearest to qv: from the Milvus collection
-        `view` when it holds this space, else the local index; buffers' chunks merged in."""
-        vi = space.vectors
+        q.view when it holds this space, else the local index; buffers' chunks merged in."""
         ids = None
-        if view is not None and view[1] != space.id:
+        if q.view is not None and q.view[1] != space.id:
             # just after a model switch: the collection holds the other model's vectors
-            info["store"] = "sqlite (milvus holds another vector space)"
-        elif view is not None:
+            r.store = "sqlite (milvus holds another vector space)"
+        elif q.view is not None:
             try:
-                ids, cos = self.backend.dense(view, qv, n, files)
-                info["store_space"] = space.id  # the collection's, checked equal above
+                ids, cos = self.backend.dense(q.view, qv, q.n, q.files)
+                r.store_space = space.id  # the collection's, checked equal above
             except Exception as e:  # Milvus failing: this ranking from the local index
-                info["store"] = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
+                r.store = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
         if ids is None:
-            ids, cos = vi.search(qv, n, files)
-        if bufs:
+            ids, cos = space.vectors.search(qv, q.n, q.files)
+        if q.bufs:
             pairs = sorted([*zip(ids.tolist(), cos.tolist()),
-                            *self.buffers.vector_hits(qv, bufs, None)],
-                           key=lambda p: -p[1])[:n]
+                            *self.buffers.vector_hits(qv, q.bufs, None)],
+                           key=lambda p: -p[1])[:q.n]
             ids = np.array([p[0] for p in pairs], dtype=np.int64)
             cos = np.array([p[1] for p in pairs], dtype=np.float32)
         return ids, cos
 
-    def _feedback(self, db, query_vector, n, files, lists, parts, weights, info,
-                  view, bufs) -> None:
+    def _feedback(self, q: _Query, r: Ranking, weights: dict) -> None:
         """Pseudo-relevance feedback on the dense side (Rocchio): the vectors of the first
         fusion's best chunks, averaged and weighted, are added to the query's vector, and the
         dense ranking is searched again with it. The chunks both rankings put first pull the
         query towards the notes' own wording — a question's paraphrase moves towards the note
-        that answers it, and BM25's exact matches inform the vector side. Measured through the
-        daemon (ragctl eval, 2026-12-01), off -> 5 chunks at weight 0.5: dev set MRR@10 0.803
-        -> 0.828, hit@1 0.72 -> 0.76 (hit@5 0.96 -> 0.94); SciFact train nDCG@10 0.7168 ->
-        0.7212, test 0.7127 -> 0.7170. At weight 0.5 every size from 3 to 8 chunks gained on
-        both sets (dev MRR@10 +0.007 to +0.025, SciFact train +0.001 to +0.004); at weight 1.0
-        3-4 chunks lost on the dev set and 6-8 on SciFact."""
+        that answers it, and BM25's exact matches inform the vector side."""
         m, beta = self.cfg.feedback_chunks, self.cfg.feedback_weight
-        if m <= 0 or beta <= 0 or query_vector is None or "vector" not in lists:
+        if m <= 0 or beta <= 0 or q.query_vector is None or "vector" not in q.lists:
             return
         t = time.perf_counter()
-        space, qv = query_vector
-        first = partial_rrf(lists, self.cfg.rrf_k, weights, info.get("vector_coverage", 1.0),
-                            info.get("unembedded", ()))
+        space, qv = q.query_vector.space, q.query_vector.vector
+        first = partial_rrf(q.lists, self.cfg.rrf_k, weights, r.coverage, q.unembedded)
         top = sorted(first, key=lambda c: -first[c])[:m]
-        # (an unsaved buffer's chunks, ids < 0, give none: their vectors are not in the index)
-        found, vecs = space.vectors.get([c for c in top if c >= 0])
+        # (an unsaved buffer's chunks give none: their vectors are not in the index)
+        found, vecs = space.vectors.get(store.indexed(top))
         if not found:
             return
-        q2 = _unit(qv) + beta * _unit(vecs).mean(axis=0)
-        q2 = _unit(q2)
-        ids, cos = self._dense(db, space, q2, n, files, info, view, bufs)
-        self._set_vector_list(ids, cos, lists, parts)
-        info["feedback"] = {"chunks": len(found), "weight": beta}
-        info["timings"]["feedback_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        q2 = unit(unit(qv) + beta * unit(vecs).mean(axis=0))
+        ids, cos = self._dense(q, r, space, q2)
+        self._set_vector_list(q, ids, cos)
+        r.feedback = {"chunks": len(found), "weight": beta}
+        r.timings["feedback_ms"] = round((time.perf_counter() - t) * 1e3, 2)
 
     def _rerank(self, db, query: str, ranked: list[Candidate], top: list[Candidate],
-                info: dict) -> None:
+                r: Ranking) -> None:
         """Rerank `top` (candidates of `ranked`): they go first, in the reranker's order; the
         rest follow in the fused order."""
         engines = self.engines
         eng = engines.rerank_engine
         if eng is None:
-            info["rerank_reason"] = engines.unavailable("reranker") or "no reranker is configured"
+            r.rerank_reason = engines.unavailable("reranker") or "no reranker is configured"
             return
         if not eng.ready:
-            info["rerank_reason"] = f"the reranker is {eng.state}" + (
+            r.rerank_reason = f"the reranker is {eng.state}" + (
                 f": {eng.reason.splitlines()[0]}" if eng.reason else "")
             return
         ids = [c.chunk_id for c in top]
-        texts = dict(db.execute(f"SELECT id, text FROM chunks WHERE id IN "
-                                f"({','.join('?' * len(ids))})", ids).fetchall())
+        texts = store.chunk_texts(db, ids)
         budget = self.cfg.rerank_budget_ms / 1000.0
         deadline = time.monotonic() + budget
         try:
@@ -669,9 +556,9 @@ class Searcher:
                 raise EngineUnavailable("over the time budget while preparing")
             scores = eng.client.rerank(query, docs, timeout=left)
         except (EngineUnavailable, EngineError) as e:
-            info["rerank_reason"] = (f"the reranker did not answer within its "
-                                     f"{self.cfg.rerank_budget_ms} ms budget" if
-                                     time.monotonic() >= deadline else f"the reranker failed: {e}")
+            r.rerank_reason = (f"the reranker did not answer within its "
+                               f"{self.cfg.rerank_budget_ms} ms budget" if
+                               time.monotonic() >= deadline else f"the reranker failed: {e}")
             return
         for c, s in zip(top, scores):
             c.parts["rerank"] = round(s, 6)
@@ -679,4 +566,4 @@ class Searcher:
         chosen = {id(c) for c in top}
         ranked[:] = sorted(top, key=lambda c: -c.score) + [c for c in ranked
                                                              if id(c) not in chosen]
-        info["reranked"] = True
+        r.reranked = True

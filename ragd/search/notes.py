@@ -4,9 +4,8 @@ Results are notes, not fragments: a note is ranked by its best chunk, and one no
 matching chunks take one place in the list (shown as "+5 more in this note") instead of
 crowding out the other notes. Long notes (a changelog, an index page) match some words of
 almost any question; their score is damped by the log of their chunk count (LENGTH_DAMPING,
-tuned on the dev set and SciFact train together: 0.02-0.03 lifts both — dev MRR@10 +0.02,
-SciFact nDCG@10 +0.006 — while 0.05 already costs SciFact, and 0.1 the dev set's deep
-sections). Its whole text adds its own BM25 score as one document (hybrid.note_evidence).
+tuned on the dev set and SciFact train together: docs/quality.md). Its whole text adds its own
+BM25 score as one document (note_evidence).
 
 Confidence: the share of the query's distinctive vocabulary (its content words, weighted by
 IDF) that the best notes contain. A question the notes answer shares its rare words with the
@@ -20,7 +19,11 @@ import math
 import sqlite3
 from dataclasses import dataclass, field
 
-from ragd.text import chunk_rows, content_terms, doc_freq, index_tokens, symbol_words, symbols
+from ragd.index import store
+from ragd.search import bm25
+from ragd.search.fusion import minmax
+from ragd.text import (chunk_rows, content_terms, doc_freq, index_tokens, note_terms,
+                       symbol_words, symbols)
 
 LENGTH_DAMPING = 0.03
 LOW_CONFIDENCE = 0.25
@@ -46,16 +49,9 @@ def group(db: sqlite3.Connection, ranked: list, reranked: bool = False,
     them), notes in the order of their first chunk."""
     if not ranked:
         return []
-    ids = [c.chunk_id for c in ranked if c.chunk_id > 0]
-    info: dict[int, tuple[int, int]] = {}
-    for i in range(0, len(ids), 900):
-        part = ids[i:i + 900]
-        for cid, fid, n in db.execute(
-                f"SELECT c.id, c.file_id, f.chunks FROM chunks c JOIN files f ON f.id = "
-                f"c.file_id WHERE c.id IN ({','.join('?' * len(part))})", part):
-            info[cid] = (fid, n)
+    info = store.chunk_files(db, [c.chunk_id for c in ranked])
     for c in ranked:  # an unsaved buffer's chunks: its note has a negative id
-        if c.chunk_id < 0 and overlay is not None and (hit := overlay.chunk(c.chunk_id)):
+        if store.unsaved(c.chunk_id) and overlay is not None and (hit := overlay.chunk(c.chunk_id)):
             info[c.chunk_id] = (hit[0].note_id, len(hit[0].chunks))
     notes: dict[int, Note] = {}
     for c in ranked:
@@ -100,13 +96,9 @@ def bm25_stems(db: sqlite3.Connection, text: str) -> list[str]:
 def _files_of(db: sqlite3.Connection, ids: list[int], overlay=None) -> dict[int, int]:
     out: dict[int, int] = {}
     for cid in ids:
-        if cid < 0 and overlay is not None and (hit := overlay.chunk(cid)):
+        if store.unsaved(cid) and overlay is not None and (hit := overlay.chunk(cid)):
             out[cid] = hit[0].note_id
-    ids = [i for i in ids if i > 0]
-    for i in range(0, len(ids), 900):
-        part = ids[i:i + 900]
-        out.update(db.execute(f"SELECT id, file_id FROM chunks WHERE id IN "
-                              f"({','.join('?' * len(part))})", part).fetchall())
+    out.update({cid: fid for cid, (fid, _) in store.chunk_files(db, ids).items()})
     return out
 
 
@@ -139,7 +131,7 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
     for note in notes[:CONFIDENCE_NOTES]:
         have = 0.0
         buffered = None
-        if note.file_id < 0 and overlay is not None:  # an unsaved buffer: its own words
+        if store.unsaved(note.file_id) and overlay is not None:  # an unsaved buffer: its own words
             hit = overlay.chunk(note.best.chunk_id)
             buffered = set().union(*(c.stems for c in hit[0].chunks)) if hit else set()
         for i, (w, weight) in enumerate(weights.items()):
@@ -155,3 +147,34 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
                 have += weight
         best = max(best, have / total)
     return round(best, 3)
+
+
+NOTE_CANDIDATES = 100  # notes the note-level BM25 scores (then scaled 0..1 over them)
+
+
+def note_evidence(db: sqlite3.Connection, query: str, weight: float, dfs: dict | None = None,
+                  overlay=None, bufs=(), exclude=()) -> dict[int, tuple[float, float, int]]:
+    """A note's words as one document: file id -> (what it adds to the note's score, its BM25
+    score, its rank), for the best NOTE_CANDIDATES notes by the BM25 of their whole text; the
+    score scaled 0..1 over them, times `weight`. group adds it to notes ranked by their
+    chunks (a note no chunk brought gains nothing: it has no chunk to show). An editor's
+    unsaved buffer (`bufs`, of the BufferStore `overlay`) is scored as its note would be, in
+    place of its file (`exclude`).
+
+    Why: a chunk is scored on its own words, so a note whose sections each hold some words of
+    the question ranks below one chunk holding most of them. Callan ("Passage-level evidence in
+    document retrieval", SIGIR 1994) found the best passage and the whole document together
+    better than either. FTS5 scores every note holding a word it is given, so only the rarer
+    words are (text.note_terms)."""
+    parts = note_terms(db, query, dfs)
+    scores = bm25.note_search(db, parts, NOTE_CANDIDATES + len(exclude))
+    for fid in exclude:  # files an unsaved buffer stands in for: the buffer is scored instead
+        scores.pop(fid, None)
+    if bufs and overlay is not None:
+        scores.update(overlay.note_scores(db, parts, bufs))
+    scores = dict(sorted(scores.items(), key=lambda x: -x[1])[:NOTE_CANDIDATES])
+    if not scores:
+        return {}
+    scaled = dict(zip(scores, minmax(list(scores.values()))))
+    return {fid: (weight * scaled[fid], round(x, 6), rank)
+            for rank, (fid, x) in enumerate(scores.items(), 1)}

@@ -1,0 +1,149 @@
+"""One vector space: an embedding model's matrix of chunk vectors, and the queue of texts that
+still lack one (vectorstore.py keeps the spaces; the embedders drain their queues).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import OrderedDict
+
+from ragd.engines.models import ResolvedModel
+from ragd.index.ann import AnnIndex
+from ragd.index.vectors import VectorIndex
+
+
+class Space:
+    """One vector space: its matrix, and the queue of texts still without a vector."""
+
+    def __init__(self, space_id: int, model: ResolvedModel, vectors: VectorIndex):
+        self.id = space_id
+        self.model = model
+        self.vectors = vectors
+        self.note: str | None = None  # e.g. "the embedding model changed"
+        # the registry model a GGUF given by path was recognised as (models.recognise)
+        self.recognised = None
+        self.cv = threading.Condition()
+        self.todo: OrderedDict[str, None] = OrderedDict()  # text hashes without a vector
+        self.retry: list[tuple[float, str]] = []  # (when, text hash): refused, try again
+        # Hashes taken off the queue, not yet stored. One may be queued again meanwhile (the
+        # same text committed by another file): it is counted once, and leaves the queue
+        # when it is stored (see stored).
+        self.inflight: set[str] = set()
+        self.changed_at = 0.0  # monotonic time the matrix last changed (for snapshots)
+        self.saved_at = 0.0
+        self.ann_ops: list | None = None  # while a graph is built: changes to replay on it
+
+    # the queue ------------------------------------------------------------------------------------
+
+    def searched_by(self) -> str:
+        """How its vectors are searched: "exact", "hnsw", or "exact (building hnsw)"."""
+        if isinstance(self.vectors, AnnIndex):
+            return "hnsw"
+        return "exact (building hnsw)" if self.ann_ops is not None else "exact"
+
+    def pending(self) -> int:
+        with self.cv:
+            return (len(self.todo) + len(self.retry)
+                    + sum(1 for h in self.inflight if h not in self.todo))
+
+    def busy(self) -> bool:  # with self.cv held
+        return bool(self.todo or self.retry or self.inflight)
+
+    def idle(self) -> bool:
+        with self.cv:
+            return not self.busy()
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while self.busy():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cv.wait(left)
+        return True
+
+    def queue(self, hashes, first: bool = False) -> None:
+        """Texts to embed, at the back of the queue; `first`: at its front (an edit's, while a
+        backlog is embedded: it waits for the batch in the engine's hands, not the backlog)."""
+        with self.cv:
+            hashes = list(hashes)
+            for h in hashes:
+                self.todo[h] = None
+            if first:
+                for h in reversed(hashes):
+                    self.todo.move_to_end(h, last=False)
+            self.cv.notify_all()
+
+    def take(self, n: int, stop: threading.Event) -> list[str]:
+        """The next hashes to embed; sleeps (no polling) while there are none."""
+        with self.cv:
+            while not stop.is_set():
+                now = time.time()
+                while self.retry and self.retry[0][0] <= now:
+                    self.todo[heapq.heappop(self.retry)[1]] = None
+                if self.todo:
+                    break
+                self.cv.notify_all()  # wait_idle
+                self.cv.wait(self.retry[0][0] - now if self.retry else None)
+            out = []
+            while self.todo and len(out) < n:
+                out.append(self.todo.popitem(last=False)[0])
+            self.inflight.update(out)
+            return out
+
+    def give_back(self, hashes: list[str]) -> None:
+        """Hashes taken but not stored (the engine went away): to the front of the queue."""
+        with self.cv:
+            for h in reversed(hashes):
+                self.todo[h] = None
+                self.todo.move_to_end(h, last=False)
+            self.cv.notify_all()
+
+    def stored(self, hashes) -> None:
+        """These texts have their vectors (in the cache and the matrix): no longer counted as
+        waiting, nor queued again (another file's commit queued a text while it was embedded;
+        a chunk committed since is given the vector by to_matrix or the commit's cache look)."""
+        with self.cv:
+            for h in hashes:
+                self.inflight.discard(h)
+                self.todo.pop(h, None)
+            self.cv.notify_all()
+
+    def done(self, hashes: list[str]) -> None:
+        with self.cv:
+            self.inflight.difference_update(hashes)
+            self.cv.notify_all()
+
+    def queued(self, hashes: set[str]) -> set[str]:
+        """Those of these hashes waiting in the queue or being embedded now."""
+        with self.cv:
+            out = {h for h in hashes if h in self.todo or h in self.inflight}
+            out.update(h for _, h in self.retry if h in hashes)
+            return out
+
+    def forget(self, hashes: set[str]) -> None:
+        """Texts no chunk has any more, out of the queue: what is left to embed (status'
+        pending_texts and its ETA) no longer counts them, nor those being embedded now (which
+        the embedder drops if it has not read their text yet)."""
+        if not hashes:
+            return
+        with self.cv:
+            for h in hashes:
+                self.todo.pop(h, None)
+            self.inflight.difference_update(hashes)  # (still embedded, the vectors kept)
+            if any(h in hashes for _, h in self.retry):
+                self.retry = [r for r in self.retry if r[1] not in hashes]
+                heapq.heapify(self.retry)
+            self.cv.notify_all()  # wait_idle: it may be idle now
+
+    def later(self, when: float, h: str) -> None:
+        with self.cv:
+            heapq.heappush(self.retry, (when, h))
+            self.cv.notify_all()
+
+    def wake(self) -> None:
+        with self.cv:
+            self.cv.notify_all()

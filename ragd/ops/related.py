@@ -1,0 +1,129 @@
+"""The related op: the notes closest in meaning to a note or a text (search/related.py ranks
+them), said partial while vectors are coming."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ragd import protocol as P
+from ragd.engines.client import EngineError, EngineUnavailable
+from ragd.index import store
+from ragd.ingest.sources import printable
+from ragd.ops import args
+from ragd.ops.parts import Parts
+from ragd.ops.results import Results
+from ragd.replies import OpError
+from ragd.search import related
+from ragd.search.hybrid import Searcher
+
+RELATED_CHUNKS = 32  # chunks of the asked note that look for neighbours
+RELATED_WAIT = 10.0  # seconds related waits for an unsaved buffer's new texts to be embedded
+
+
+class RelatedOps:
+    def __init__(self, parts: Parts, results: Results):
+        self.p = parts
+        self.results = results
+
+    def cmd_related(self, session, path: str | None, text: str | None, k: int) -> dict:
+        """The notes most like a note (or a text), excluding itself: note-level, each with
+        the pair of chunks that links them; from stored vectors (an indexed note costs no
+        embedding)."""
+        t0 = time.perf_counter()
+        if (path is None) == (text is None):
+            raise OpError(P.BAD_ARGS, "related: give either 'path' or 'text'")
+        if path is not None:
+            args.absolute("related", path)
+        if not 1 <= k <= 100:
+            raise OpError(P.BAD_ARGS, f"related: 'k' must be between 1 and 100, got {k}")
+        space = self.p.vectors.active
+        if space is None:
+            raise OpError(P.UNAVAILABLE, "related: no vectors yet ("
+                          + (self.p.engines.unavailable("embedding") or "the embedding engine is "
+                             "starting") + ")")
+        with self.p.reads.conn(snapshot=True) as db:
+            coverage = round(Searcher._coverage(db, space.vectors), 4)
+            partial = {"vector_coverage": coverage} if coverage < 1.0 else {}
+            spans, vecs, own, note_path, hashes = self._related_source(db, path, text)
+            spans, vecs = related.distinct_sections(db, spans, vecs, hashes, own)
+            if not len(vecs):
+                why = ("no vectors for this note yet" if path is not None else
+                       "the text has nothing to embed" if text is not None and not text.strip()
+                       else "the text could not be embedded: the embedding engine is not ready")
+                if coverage < 1.0:
+                    why += (f" (vectors cover {100 * coverage:.0f}% of the index so far; "
+                            f"they are being embedded)")
+                return {"results": [], "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
+                        "reason": why, **partial}
+            exclude = own | {b.file_id for b in self.p.buffers.active() if b.file_id is not None}
+            top = related.nearest_notes(db, space.vectors, vecs, k, exclude)
+            rows = self.results.chunks(db, [(cid, s, {"vector": round(s, 6)}) for _, (cid, s, _) in
+                                      top], k)
+            titles = self.results.titles(db, [fid for fid, _ in top])
+        by_chunk = {cid: (fid, which) for fid, (cid, _, which) in top}
+        for r in rows:
+            fid, which = by_chunk[r.pop("chunk_id")]
+            r["title"] = titles.get(fid) or Path(r["path"]).stem
+            r["link"] = {"from": spans[which], "to": {"line_start": r["line_start"],
+                                                      "line_end": r["line_end"]}}
+        out = {"results": rows, "of": note_path,
+               "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), **partial}
+        if not rows:
+            out["reason"] = "no other note has vectors yet" if len(space.vectors) <= len(vecs) \
+                else "no other note is close in meaning"
+        elif coverage < 1.0:
+            out["note"] = (f"vectors cover {100 * coverage:.0f}% of the index so far: notes not "
+                           f"embedded yet are not compared")
+        return out
+
+    def _related_source(self, db, path: str | None, text: str | None):
+        """(line spans, vectors, file ids to leave out, path, the chunks' text hashes) of what
+        related is asked of: a note's stored vectors (or its unsaved buffer's), or a text
+        embedded now."""
+        if path is not None:
+            p = os.path.abspath(os.path.expanduser(path))
+            for b in self.p.buffers.active():
+                if str(b.path) == p:
+                    # what was typed counts: its new texts are embedded first (a few, by the
+                    # buffers thread; bounded wait)
+                    self.p.buffers.wait_embedded(RELATED_WAIT)
+                    pairs = self.p.buffers.vectors_of(b)
+                    own = {b.file_id} if b.file_id is not None else set()
+                    return ([{"line_start": c.record.line_start, "line_end": c.record.line_end}
+                             for c, _ in pairs], np.array([v for _, v in pairs]), own,
+                            printable(p), [c.record.text_hash for c, _ in pairs])
+            src = next((s for s in self.p.cfg.sources if args.under(p, s.root)), None)
+            if src is None:
+                raise OpError(P.NOT_FOUND, f"related: {path} is not in any source")
+            row = store.file_row(db, src.name, Path(p).relative_to(src.root).as_posix())
+            if row is None:
+                raise OpError(P.NOT_FOUND, f"related: {path} is not indexed")
+            chunks = store.file_chunks(db, row["id"])
+            ids, vecs = self.p.vectors.active.vectors.get([c[0] for c in chunks])
+            span = {c[0]: {"line_start": c[1], "line_end": c[2]} for c in chunks}
+            digest = {c[0]: c[3] for c in chunks}
+            return [span[i] for i in ids][:RELATED_CHUNKS], vecs[:RELATED_CHUNKS], \
+                {row["id"]}, printable(p), [digest[i] for i in ids][:RELATED_CHUNKS]
+        if len(text.encode("utf-8", "surrogatepass")) > self.p.cfg.max_file_bytes:
+            raise OpError(P.BAD_ARGS, "related: the text is over the file size limit")
+        from ragd.ingest import chunker, markdown
+        pieces = chunker.chunk_doc(markdown.parse(text, ""), self.p.cfg.chunk_tokens,
+                                   self.p.cfg.chunk_overlap)[:RELATED_CHUNKS]
+        active = self.p.vectors.active
+        engine = self.p.engines.query_engine_ready(active.model if active else None)
+        if engine is None or not pieces:
+            return [], np.empty((0, 1)), set(), None, []
+        model = engine.model
+        try:
+            vecs = engine.client.embed([model.doc_prefix + chunker.embed_text(c.heading,
+                                                                             c.body)[:4000]
+                                        for c in pieces], timeout=30)
+        except (EngineError, EngineUnavailable) as e:
+            raise OpError(P.UNAVAILABLE, f"related: the embedding engine: {e}") from None
+        return ([{"line_start": c.line_start, "line_end": c.line_end} for c in pieces], vecs,
+                set(), None, [c.text_hash for c in pieces])
+

@@ -1,0 +1,78 @@
+"""What a search ranked, and why: the typed result of Searcher.run (hybrid.py), from which
+the search op (ops/search.py) chooses its reply's fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ragd.search.fusion import Candidate
+
+
+@dataclass
+class Trusted:
+    """The chunk the vectors rank first for the query itself, clear of the threshold."""
+    chunk_id: int
+    cosine: float
+    rank: int
+    lifted_from: int | None = None
+
+    def reply(self) -> dict:  # (its chunk id is the index's own: not in the reply)
+        out = {"cosine": self.cosine, "rank": self.rank}
+        if self.lifted_from is not None:
+            out["lifted_from"] = self.lifted_from
+        return out
+
+
+# The Ranking fields a reply carries when they are set (None or False: absent), in the order
+# docs/protocol.md lists them; `reranked`, `degraded` and `timings` are always there.
+REPLY_FIELDS = ("requested_mode", "reason", "filtered_out", "store", "store_space",
+                "bm25_index", "vector_space", "vector_coverage", "best_similarity",
+                "query_truncated", "fusion", "weights", "feedback", "cut_below_threshold",
+                "below_threshold", "meaning_bar", "rerank_reason")
+
+
+@dataclass
+class Ranking:
+    """What a search ranked, and why (docs/protocol.md, search: each field)."""
+    mode: str
+    candidates: list[Candidate] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    reranked: bool = False
+    degraded: bool = False
+    nothing_relevant: bool = False
+    requested_mode: str | None = None
+    reason: str | None = None
+    filtered_out: bool = False
+    store: str | None = None
+    store_space: int | None = None
+    bm25_index: str | None = None
+    vector_space: int | None = None
+    vector_coverage: float | None = None
+    best_similarity: float | None = None
+    query_truncated: dict | None = None
+    fusion: str | None = None
+    weights: dict | None = None
+    feedback: dict | None = None
+    cut_below_threshold: int | None = None
+    below_threshold: bool = False
+    meaning_bar: float | None = None
+    rerank_reason: str | None = None
+    trusted: Trusted | None = None
+    # file id -> (what its whole text adds, its BM25 score, its rank): notes.group's
+    note_evidence: dict | None = None
+
+    @property
+    def coverage(self) -> float:
+        return 1.0 if self.vector_coverage is None else self.vector_coverage
+
+    def reply_fields(self) -> dict:
+        out: dict = {"reranked": self.reranked, "degraded": self.degraded,
+                     "timings": self.timings}
+        for name in REPLY_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value is not False:
+                out[name] = value
+        if self.trusted is not None:
+            out["trusted"] = self.trusted.reply()
+        return out

@@ -1,0 +1,55 @@
+"""Related notes: the notes closest in meaning to a note (its chunks' vectors) or to a text,
+one per note, each by the pair of chunks that links them; a section copied into many notes (a
+template's, a footer) links nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+
+from ragd.index import store
+from ragd.search import boilerplate
+
+
+BOILERPLATE_SHARE = 0.1  # related: a section in this share of its source's notes (and ...)
+BOILERPLATE_MIN = 3  # ... in this many) links nothing
+
+
+def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
+    """The (spans, vectors) of the asked note's sections but those whose exact text is in
+    BOILERPLATE_SHARE of the notes of its source (of every source for a text) and in
+    BOILERPLATE_MIN notes, unless that is every section. A section copied word for word into
+    many notes — a licence footer, a template's fixed lines — is as near to each of them
+    (cosine 0.99) and says nothing of what a note is about: on 121 PEPs, related linked a PEP
+    to others by their identical "Copyright" section before any of its own. Counted within the
+    source: a folder's footer shared by most of its documents is boilerplate there even beside
+    a large vault. Sections a few notes share stay: a tag line, an included snippet."""
+    if not hashes:
+        return spans, vecs
+    source = store.files_source(db, own)
+    notes = store.indexed_files(db, source)
+    shared = store.text_hash_files(db, hashes, source)
+    floor = max(BOILERPLATE_MIN, BOILERPLATE_SHARE * notes)
+    common = {h for h, n in shared.items() if n >= floor}
+    keep = [i for i, h in enumerate(hashes) if h not in common]
+    if not keep or len(keep) == len(hashes):
+        return spans, vecs
+    return [spans[i] for i in keep], vecs[keep]
+
+
+def nearest_notes(db: sqlite3.Connection, vectors, vecs, k: int, exclude
+                  ) -> list[tuple[int, tuple[int, float, int]]]:
+    """The k notes closest to any of `vecs` (the asked note's chunks), the files `exclude`d
+    left out: [(file id, (its closest chunk, the score, the index of the asked chunk it is
+    close to))], best first. A chunk another note shares with many (boilerplate: a template's
+    section) counts for less, as in search."""
+    hits = vectors.nearest_to_any(vecs, k * 30, np.array(sorted(exclude), dtype=np.int64))
+    common = boilerplate.shared(db, [h[0] for h in hits])
+    best: dict[int, tuple[int, float, int]] = {}
+    for cid, fid, score, which in hits:
+        score *= boilerplate.weight(common.get(cid, 1))
+        if fid not in best or score > best[fid][1]:
+            best[fid] = (cid, score, which)
+    return sorted(best.items(), key=lambda x: -x[1][1])[:k]
