@@ -497,11 +497,12 @@ def test_hybrid_search_with_the_real_engine(make_daemon, vault, tmp_path):
             assert out["degraded"] is False and out["results"]
             assert any(h["path"] == str(vault / NOTE) for h in out["results"])
             assert out["low_confidence"] is False and out["confidence"] > 0.25
-            # words no note holds: the agent is told the results are weak (it was not)
+            # words no note holds, nothing close in meaning: the agent is told so, and given
+            # no notes to pad the answer with
             res = m.call("search", {"query": "xyzzyplugh qwertyuiop", "k": 2}, modern=True)
             weak = res["structuredContent"]
-            assert weak["results"] and weak["low_confidence"] is True, weak
-            assert weak["confidence"] == 0.0 and "low confidence 0.0" in text_of(res)
+            assert weak["results"] == [] and weak["reason"].startswith("nothing relevant"), weak
+            assert "No results for 'xyzzyplugh qwertyuiop' (nothing relevant" in text_of(res)
             st = m.call("status", modern=True)["structuredContent"]
             emb = st["engines"]["embedding"]
             assert emb["state"] == "ready" and emb["vectors"] > 0 and emb["pending_texts"] == 0

@@ -220,7 +220,7 @@ def test_related_says_when_vectors_are_partial(trust_daemon):
             cov = res.get("vector_coverage")
             assert cov is not None and cov < 1.0, res
             if not res["results"]:
-                assert "no vectors yet" in res["reason"] and "%" in res["reason"], res
+                assert "no vectors for this note yet" in res["reason"] and "%" in res["reason"], res
             else:
                 assert "not compared" in res["note"], res
         wait_embedded(d)
