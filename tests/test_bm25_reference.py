@@ -278,6 +278,7 @@ def test_a_stop_right_after_the_start_is_not_slept_through(tmp_path):
         assert not ti.worker.alive
 
 
+@pytest.mark.slow
 def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_path):
     """tantivy counts a deleted document in its BM25 statistics until a merge drops it: with a
     third of the notes gone, a word only they held still had its document frequency, and N

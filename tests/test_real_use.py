@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import (BM25_ONLY, Daemon, bulk_embedding_stopped, engine_config, make_pdf,
                       ragctl, small_vault, wait_embedded, write_config)
 from ragd.ingest import chunker, markdown
@@ -65,6 +67,7 @@ def _cfg(tmp_path: Path, sources: list[dict], extra: str = BM25_ONLY) -> Path:
                         sources, extra)
 
 
+@pytest.mark.slow
 def test_sources_added_removed_and_renamed_live(tmp_path):
     """ragctl sources add/remove edit the config (comments kept) and reload the daemon; a
     renamed source leaves no copy behind; removing the last source leaves nothing to find."""
@@ -144,6 +147,7 @@ def test_sources_added_removed_and_renamed_live(tmp_path):
     assert r.returncode == 0 and "Other" in r.stdout and "not running" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_path):
     """A config file made invalid TOML by an edit: ragd goes on with the config it read, and
     ragctl still finds it (the [daemon] socket read line by line, with a warning), so it can be
@@ -191,6 +195,7 @@ def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_pat
         assert stop.returncode == 0 and "ragd stopped" in out, err
 
 
+@pytest.mark.slow
 def test_a_renamed_source_embeds_nothing_again(tmp_path):
     notes = small_vault(tmp_path / "Notes")
     cfg = _cfg(tmp_path, [{"name": "a", "path": str(notes), "kind": "obsidian"}],
@@ -226,6 +231,7 @@ def test_a_renamed_source_embeds_nothing_again(tmp_path):
         assert r.returncode == 0 and "source b: its folder is not there" in r.stdout, r.stdout
 
 
+@pytest.mark.slow
 def test_a_source_removed_while_its_texts_wait_for_vectors_is_not_left_to_embed(tmp_path):
     """Removed while its texts were still waiting for a vector: status went on counting them
     in pending_texts (and the ETA) until the embedder reached them (with the engine down or
@@ -266,6 +272,7 @@ def test_a_source_removed_while_its_texts_wait_for_vectors_is_not_left_to_embed(
         assert st["engines"]["embedding"]["vectors"] == st["sources"][0]["chunks"]
 
 
+@pytest.mark.slow
 def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_path):
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAGD_", "XDG_"))}
@@ -314,6 +321,7 @@ def test_start_with_a_source_adds_it_to_the_config_and_to_a_running_daemon(tmp_p
     assert not list((tmp_path / "rt" / "ragd").glob("*.sock"))  # no engine socket left
 
 
+@pytest.mark.slow
 def test_the_data_dir_is_private_from_the_start(tmp_path):
     """With no XDG_RUNTIME_DIR the socket lives in the data dir: ragd makes it 0700 (it made
     it 0755, then warned that its socket's folder was open to other users)."""
@@ -509,6 +517,7 @@ def test_status_never_says_zero_texts_to_embed_while_vectors_are_missing(make_da
         assert st["engines"]["embedding"]["embedded_texts"] == 0
 
 
+@pytest.mark.slow
 def test_progress_lines_only_on_a_terminal(tmp_path):
     cfg = _cfg(tmp_path, [])
     notes = small_vault(tmp_path / "Notes")
