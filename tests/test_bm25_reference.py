@@ -271,7 +271,7 @@ def test_a_stop_right_after_the_start_is_not_slept_through(tmp_path):
     for i in range(10):
         ti = textindex.TextIndex(db_path, tmp_path / f"data{i % 2}")
         ti.start()
-        time.sleep(0.01 * i)
+        time.sleep(0.01 * i)  # the stop at a later moment of the start each time
         t = time.monotonic()
         ti.stop()
         assert time.monotonic() - t < 5, f"stop {i} waited {time.monotonic() - t:.1f} s"
