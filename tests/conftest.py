@@ -20,6 +20,16 @@ SHARED = Path(os.environ.get("RAGD_SHARED", ROOT.parent / "shared"))
 VAULTS = SHARED / "vaults"
 
 
+# A test using any of these starts the real daemon or an engine: it belongs to the slow tier.
+SLOW_FIXTURES = frozenset({"make_daemon", "daemon", "engine_kind", "llama_server"})
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def copy_vault(name: str, dest: Path) -> Path:
     """A writable copy of a shared vault (the shared ones are read-only)."""
     src = VAULTS / name

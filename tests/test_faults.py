@@ -837,7 +837,7 @@ def test_fuzzed_frames_and_many_clients_never_hurt_the_daemon(make_daemon, tmp_p
         assert n > 100
         st = d.call("status")
         no_restarts(st)
-        time.sleep(1.1)
+        time.sleep(1.1)  # (as above: the memory given back after the burst)
         after = rss_kb(d.proc.pid)
         assert after <= before * 1.10 + 2048, (before, after)  # within 10% (+2 MB slack)
         assert d.call("ping")["pid"] == d.proc.pid

@@ -255,6 +255,7 @@ def check_chunks(doc, chunks, budget):
             assert any(text.strip() in c.text for c in chunks), "a block that fits was cut"
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(NOTE, st.integers(24, 200))
 def test_chunks_cover_every_line_and_map_back(text, budget):
@@ -271,6 +272,7 @@ def all_files():
                 yield src, seen.relpath
 
 
+@pytest.mark.slow
 def test_every_file_of_every_shared_vault_ingests():
     n = 0
     for src, rel in all_files():

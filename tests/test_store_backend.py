@@ -197,7 +197,7 @@ def test_kill_9_during_the_milvus_sync_converges_to_the_same_chunks(make_daemon,
                     extra=store_extra("milvus"))
     for i in range(4):
         d.start()
-        time.sleep(1 + i)
+        time.sleep(1 + i)  # the fault: a kill at a later moment of the sync each time
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait()
     with d:
@@ -247,7 +247,7 @@ def test_kill_9_during_the_tantivy_sync_converges_to_the_same_chunks(make_daemon
     notes = sorted(root.rglob("*.md"))
     for i in range(4):
         d.start()
-        time.sleep(0.5 + i * 0.7)
+        time.sleep(0.5 + i * 0.7)  # the fault: edits at a later moment of the sync each time
         for note in notes[i * 2:i * 2 + 2]:  # edits while it syncs
             with open(note, "a", encoding="utf-8") as f:
                 f.write(f"\n\nEdit {i}: the wombatfalcon rule applies here.\n")

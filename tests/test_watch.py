@@ -171,11 +171,26 @@ def test_a_folder_moved_out_and_back_logs_no_library_warning(make_daemon, tmp_pa
         here, away = root / "Other Plugins", tmp_path / "away"
         for there in (away, root / "Plugins elsewhere", away):
             shutil.move(str(here), str(there))
-            time.sleep(1.5)
+            # moved back only once the daemon has seen it go (out of the vault or within it)
+            if there == away:
+                assert wait_gone(d, "QuickAdd")
+            else:
+                assert wait_settled(d, there.name, "QuickAdd")
             shutil.move(str(there), str(here))
             assert wait_settled(d, "Other Plugins", "QuickAdd")
         wait_embedded(d)
         assert "Warning" not in d.log.read_text(errors="replace")
+
+
+def wait_gone(d, query, timeout=15.0):
+    """Until no note holds the query's word and nothing waits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not d.call("search", query=query, k=5, mode="bm25")["results"] and \
+                d.call("status")["idle"]:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def wait_settled(d, folder, query, timeout=15.0):
@@ -401,7 +416,9 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
         assert r.stdout.count("is not there") == 1 and "last error" not in r.stdout, r.stdout
         # an edit made meanwhile, in the folder where it went, is not taken for the source's
         (tmp_path / "away" / "a.md").write_text("# a\n\nNote a about tapirs now.\n")
-        time.sleep(2.5)  # two more looks at the folder: said once, not at each
+        # time passing on purpose (the check is that nothing happens): two more looks at the
+        # folder (every 1 s), and the edit in it is not taken, nor the folder said gone again
+        time.sleep(2.5)
         assert d.call("search", query="tapirs", k=5, mode="bm25")["results"] == []
         os.rename(tmp_path / "away", root)
         deadline = time.monotonic() + 15

@@ -1,0 +1,218 @@
+"""The ranking's single cases, without engines: real notes indexed in a temporary folder, the
+vectors scripted (fake_embedder.py), the search op's reply checked. Fast tier."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_embedder import MIN_SIMILARITY, FakeEmbedder, RankedStore, axis, towards
+from ragd.search import fusion, passages
+from ragd.search.fusion import Candidate
+from ragd.search.hybrid import MEANING_MARGIN, TRUSTED_RANK
+
+# Notes that hold the query's words ("tree", "leaves") and say nothing of a house plant, and
+# the one note that answers it in other words.
+KEYWORD_NOTES = {
+    f"cs/{name}.md": f"# {name}\n\n{text}\n" for name, text in [
+        ("avl", "An AVL tree keeps itself balanced: after each insert a rotation fixes "
+                "the heights, and every tree leaf sits at most one level from the others."),
+        ("btree", "A B-tree holds many keys per node; its leaves are all at the same depth, "
+                  "which keeps a tree of a million keys four levels deep."),
+        ("trie", "A trie is a tree of characters: a word is a path from the root to one of "
+                 "its leaves, and shared prefixes share their nodes."),
+        ("heap", "A binary heap is a complete tree stored in an array: the leaves fill the "
+                 "last level from the left, the smallest key at the root."),
+        ("redblack", "A red-black tree colours its nodes so that no path from the root to "
+                     "the leaves is twice as long as another one."),
+    ]}
+ANSWER = {"plants/ficus.md": "# Ficus\n\nA ficus sheds foliage when moved to a darker corner "
+                             "or watered too often; a bright window suits the plant.\n"}
+QUERY = "why is my indoor tree losing its leaves"
+# notes nothing is asked about (the query's words are rare, as in a vault): without vectors
+# yet, they make the coverage partial
+ERRANDS = {f"misc/n{i}.md": f"# Errand {i}\n\nBuy {i} kilos of flour and a bag of oranges "
+                            f"at the market on day {i}.\n" for i in range(30)}
+
+
+def answer_script(cosine: float) -> dict:
+    """The ficus note on its own axis, the query `cosine` from it; each tree note on an axis
+    of its own, unlike the query (cosine 0)."""
+    script = {"ficus sheds": axis(0), QUERY: towards(axis(0), cosine)}
+    for i, rel in enumerate(KEYWORD_NOTES):
+        key = KEYWORD_NOTES[rel].split("\n")[2][:24]
+        script[key] = axis(1 + i)
+    return script
+
+
+def built(tmp_path, cosine: float, partial: bool, **search) -> RankedStore:
+    script = answer_script(cosine)
+    if not partial:
+        script["kilos of flour"] = axis(6)
+    notes = {**KEYWORD_NOTES, **ANSWER, **ERRANDS}
+    return RankedStore(tmp_path, notes, FakeEmbedder(script), **search)
+
+
+def paths(reply: dict) -> list[str]:
+    return [r["path"] for r in reply["results"]]
+
+
+@pytest.mark.parametrize("partial", [True, False], ids=["partial coverage", "full coverage"])
+def test_a_clear_match_by_meaning_is_in_the_top_3(tmp_path, partial):
+    """The vectors rank the ficus note first, clear of the threshold by more than the margin;
+    BM25 ranks the five notes holding "tree" and "leaves" above it (it holds neither word).
+    It is lifted into the top 3, and scores still read in rank order."""
+    s = built(tmp_path, 0.8, partial)
+    assert (s.coverage < fusion.PARTIAL_FUSION_FROM) == partial, s.coverage
+    reply = s.search(QUERY)
+    answer = s.path("plants/ficus.md")
+    assert answer in paths(reply)[:3], paths(reply)
+    assert reply["trusted"]["cosine"] == pytest.approx(0.8, abs=1e-3)
+    if partial:  # lifted from below every BM25 hit, to its rank while vectors are coming
+        assert reply["trusted"]["lifted_from"] == len(KEYWORD_NOTES) + 1, reply["trusted"]
+        assert paths(reply).index(answer) + 1 == TRUSTED_RANK
+    scores = [r["score"] for r in reply["results"]]
+    assert scores == sorted(scores, reverse=True), scores
+
+
+def test_a_match_by_meaning_within_the_margin_is_not_lifted(tmp_path):
+    """The same notes, the ficus note's cosine above the threshold but within the margin: not
+    trusted, and BM25's five notes stay above it while vectors are coming."""
+    cosine = MIN_SIMILARITY + MEANING_MARGIN / 2
+    s = built(tmp_path, cosine, True)
+    reply = s.search(QUERY)
+    assert "trusted" not in reply
+    assert paths(reply).index(s.path("plants/ficus.md")) == len(KEYWORD_NOTES), paths(reply)
+
+
+def test_lift_keeps_scores_in_rank_order():
+    ranked = [Candidate(i, s) for i, s in enumerate([0.9, 0.7, 0.6, 0.5, 0.2])]
+    assert fusion.lift(ranked, lambda c: c.chunk_id == 4, 2) == 5
+    assert [c.chunk_id for c in ranked] == [0, 4, 1, 2, 3]
+    assert [c.score for c in ranked] == [0.9, 0.7, 0.7, 0.6, 0.5]
+    # already at or above the rank: left where it is
+    assert fusion.lift(ranked, lambda c: c.chunk_id == 0, 2) is None
+    assert fusion.lift(ranked, lambda c: c.chunk_id == 99, 2) is None
+    assert [c.chunk_id for c in ranked] == [0, 4, 1, 2, 3]
+
+
+SOURDOUGH = "sourdough starter hydration"
+
+
+@pytest.mark.parametrize("cosine", [MIN_SIMILARITY - 0.1, MIN_SIMILARITY + MEANING_MARGIN / 2],
+                         ids=["below the threshold", "below the bar for meaning alone"])
+def test_nothing_relevant_gives_no_results(tmp_path, cosine):
+    """No note holds a content word of the query, and the best similarity is weak: no results,
+    and the reply says why. (Above the threshold, a match by meaning alone needs the margin.)"""
+    script = answer_script(0.8)
+    script[SOURDOUGH] = towards(axis(0), cosine)
+    script["kilos of flour"] = axis(6)
+    s = RankedStore(tmp_path, {**KEYWORD_NOTES, **ANSWER, **ERRANDS}, FakeEmbedder(script))
+    reply = s.search(SOURDOUGH)
+    assert reply["results"] == []
+    assert reply["reason"].startswith("nothing relevant: no note holds a content word"), reply
+    assert reply["best_similarity"] == pytest.approx(cosine, abs=1e-3)
+    # the same question close enough in meaning is answered, by meaning alone
+    s.embedder.say(SOURDOUGH, towards(axis(0), MIN_SIMILARITY + 2 * MEANING_MARGIN))
+    reply = s.search(SOURDOUGH)
+    assert paths(reply) == [s.path("plants/ficus.md")], reply
+
+
+SHORT_NOTES = {
+    # the short chunk matches best; another chunk of its note matches nearly as well
+    "faq/sync.md": "# Sync\n\n## Calendar sync\n\nCurrently, no.\n\n## About calendar sync\n\n"
+                   "Calendar sync would need an account with an outside service, and the "
+                   "plugin keeps everything in your vault.\n",
+    # the short chunk is its note's only match
+    "faq/export.md": "# Export\n\n## Calendar export\n\nNot yet.\n\n## Formats\n\nThe notes "
+                     "are plain Markdown files that any other editor opens as they are.\n",
+}
+
+
+def test_a_chunk_under_60_chars_never_stands_alone_for_a_note(tmp_path):
+    """The vectors and BM25 rank two short chunks ("Currently, no.", "Not yet.") first of
+    their notes: each note is shown by a passage of at least MIN_PASSAGE characters — its
+    other matching chunk, or the section around the short one."""
+    query = "calendar sync"
+    script = {query: axis(0), "Currently, no.": axis(0), "Not yet.": towards(axis(0), 0.9),
+              "Calendar sync would": towards(axis(0), 0.7), "Markdown": axis(2)}
+    s = RankedStore(tmp_path, SHORT_NOTES, FakeEmbedder(script), note_weight=0.0)
+    chunks = s.search(query, group="chunk")
+    # the premise: each note's best chunk is a short one
+    firsts = {}
+    for r in chunks["results"]:
+        firsts.setdefault(r["path"], r["text"])
+    assert firsts == {s.path("faq/sync.md"): "Currently, no.",
+                      s.path("faq/export.md"): "Not yet."}, chunks["results"]
+    reply = s.search(query)
+    assert sorted(paths(reply)) == sorted(firsts), reply["results"]
+    for r in reply["results"]:
+        assert len(r["text"]) >= passages.MIN_PASSAGE, r
+    by_path = {r["path"]: r["text"] for r in reply["results"]}
+    assert by_path[s.path("faq/sync.md")].startswith("Calendar sync would need")
+    assert by_path[s.path("faq/export.md")].startswith("Not yet.")  # and what follows it
+    assert "plain Markdown" in by_path[s.path("faq/export.md")]
+
+
+def test_rrf_adds_weight_over_60_plus_rank():
+    lists = {"bm25": [1, 2, 3], "vector": [2, 4, 1]}
+    got = fusion.rrf(lists, 60, {"bm25": 1.0, "vector": 0.5})
+    assert got == pytest.approx({1: 1 / 61 + 0.5 / 63, 2: 1 / 62 + 0.5 / 61, 3: 1 / 63,
+                                 4: 0.5 / 62})
+
+
+def test_search_with_rrf_scores_each_chunk_by_its_ranks(tmp_path):
+    """search.fusion = "rrf": each result's score is the weighted sum of 1 / (60 + rank) over
+    the rankings that hold it, as the reply's own ranks and weights compute by hand."""
+    s = built(tmp_path, 0.8, False, fusion="rrf", feedback_chunks=0)
+    reply = s.search(QUERY, group="chunk", k=20)
+    assert reply["fusion"] == "rrf"
+    w = reply["weights"]
+    assert w == {"vector": 1.0, "bm25": 1.0}  # (a question of four content words or more)
+    assert len(reply["results"]) == len(KEYWORD_NOTES) + 1
+    for r in reply["results"]:
+        sc = r["scores"]
+        hand = sum(w[name] / (60 + sc[f"{name}_rank"]) for name in ("bm25", "vector")
+                   if f"{name}_rank" in sc)
+        assert sc["rrf"] == pytest.approx(hand, abs=1e-6), sc
+        # (the result's score is its fused one, but for the ficus chunk, trusted and lifted:
+        # it takes the score of the one it now stands before)
+        assert r["score"] >= sc["rrf"] - 1e-6
+    scores = [r["score"] for r in reply["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert reply["trusted"]["lifted_from"] > reply["trusted"]["rank"]
+
+
+def test_convex_fusion_mixes_scores_scaled_over_their_lists():
+    lists = {"bm25": [1, 2, 3], "vector": [3, 1]}
+    parts = {1: {"bm25": 8.0, "vector": 0.5}, 2: {"bm25": 5.0}, 3: {"bm25": 2.0, "vector": 0.9}}
+    got = fusion.convex(lists, parts, 0.25)
+    # bm25 scaled: 1, 0.5, 0; vector scaled: 3 -> 1, 1 -> 0; chunk 2 has no vector: 0
+    assert got == pytest.approx({1: 0.75 * 1.0 + 0.25 * 0.0, 2: 0.75 * 0.5,
+                                 3: 0.75 * 0.0 + 0.25 * 1.0})
+    # chunk 2 still waiting for its vector: its BM25 value stands on the vector side too
+    got = fusion.convex(lists, parts, 0.25, unembedded=[2])
+    assert got[2] == pytest.approx(0.75 * 0.5 + 0.25 * 0.5)
+
+
+def test_search_with_convex_fusion_mixes_the_reply_s_own_scores(tmp_path):
+    """The default fusion: a result's fused score is the vector share of its cosine and the
+    rest of its BM25 score, each scaled min-max over the candidates, as computed by hand from
+    the reply's parts."""
+    s = built(tmp_path, 0.8, False, feedback_chunks=0)
+    reply = s.search(QUERY, group="chunk", k=20)
+    assert reply["fusion"] == "convex"
+    share = reply["weights"]["vector"]
+    assert share == pytest.approx(fusion.effective_share(s.cfg.vector_share, 1.0), abs=1e-4)
+    res = reply["results"]
+    assert len(res) == len(KEYWORD_NOTES) + 1  # every candidate: the scaling is over them all
+
+    def scaled(name):
+        xs = {r["path"]: r["scores"][name] for r in res if name in r["scores"]}
+        lo, hi = min(xs.values()), max(xs.values())
+        return {p: (x - lo) / (hi - lo) for p, x in xs.items()}
+
+    bm, vec = scaled("bm25"), scaled("vector")
+    for r in res:
+        hand = share * vec.get(r["path"], 0.0) + (1 - share) * bm.get(r["path"], 0.0)
+        assert r["scores"]["fused"] == pytest.approx(hand, abs=1e-4), r["scores"]
+    assert res[0]["path"] == s.path("plants/ficus.md")  # the clear match by meaning
