@@ -562,10 +562,10 @@ def test_status_says_vectors_are_still_coming_while_files_are_indexed(make_daemo
                 assert m.close() == 0
             # before the vectors are loaded and counted, pending_texts is null (the schema
             # said integer)
-            from ragctl import mcp
+            from ragctl.mcp.render import status_text
             out["engines"]["embedding"]["pending_texts"] = None
             jsonschema.validate(out, schema["outputSchema"])
-            assert "vectors not counted yet" in mcp.status_text(out).splitlines()[0]
+            assert "vectors not counted yet" in status_text(out).splitlines()[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -624,7 +624,7 @@ def test_search_text_says_why_a_reply_is_weak_and_when_a_file_is_gone(tmp_path):
     """The tool's text for people and models: a low confidence with most words found is
     below the similarity threshold (no note close in meaning), not "few words"; a stale hit
     whose file is not on disk says so, not "changed"."""
-    from ragctl import mcp
+    from ragctl.mcp.render import search_text
 
     here = tmp_path / "a.md"
     here.write_text("x\n")
@@ -633,13 +633,13 @@ def test_search_text_says_why_a_reply_is_weak_and_when_a_file_is_gone(tmp_path):
     out = {"query": "what is the capital of france", "mode": "hybrid", "degraded": False,
            "reason": None, "confidence": 0.55, "low_confidence": True,
            "results": [hit, {**hit, "path": str(tmp_path / "gone.md")}]}
-    text = mcp.search_text(out)
+    text = search_text(out)
     assert "low confidence 0.55" in text and "no note is close in meaning" in text
     assert "few of" not in text
     assert text.count("(file changed since indexed") == 1
     assert text.count("(file gone from disk since indexed)") == 1
     out.update(confidence=0.1)
-    assert "few of the query's distinctive words" in mcp.search_text(out)
+    assert "few of the query's distinctive words" in search_text(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -712,7 +712,7 @@ def test_get_caps_a_long_file_and_says_which_lines_to_ask_for(daemon, vault, tmp
     """get with no range returned a whole 76k-character file. A reply holds at most
     GET_MAX_CHARS characters of whole lines; the rest is named as a range to ask for, and
     asking for it, range after range, gives back the whole file."""
-    from ragctl.mcp import GET_MAX_CHARS
+    from ragctl.mcp.tools import GET_MAX_CHARS
 
     big = vault / "Big.md"
     lines = [f"line {i}: " + "lorem ipsum dolor sit amet " * 3 for i in range(1, 2501)]

@@ -1,11 +1,9 @@
-"""Watching sources (watchdog: inotify on Linux) and turning events into indexer work.
-
-Events are coalesced per path over a quiet window (``watch.quiet_ms``, 250 ms): an editor's save
-burst (write a temp file, rename it over the note, chmod) becomes one update of the note. A file
-moved or renamed becomes a move for the indexer, which keeps its chunks and vectors (nothing is
-embedded); a folder moved becomes a move of each file under it. When the watcher cannot follow
-(the queue overflows, or inotify runs out of watches) it falls back to a reconciliation scan of
-the source, and a periodic scan (``watch.scan_interval``) catches whatever was missed anyway.
+"""Watching sources (watchdog: inotify on Linux): the observer and its watches, and the
+checker (``watch-checker``) that finds where watching went astray. The events heard are
+coalesced and handed to the indexer by changes.py (``Changes``, the flusher). When the watcher
+cannot follow (the queue overflows, or inotify runs out of watches) it falls back to a
+reconciliation scan of the source, and a periodic scan (``watch.scan_interval``) catches
+whatever was missed anyway.
 
 Three ways inotify loses events, and what is done about each:
 
@@ -14,7 +12,8 @@ Three ways inotify loses events, and what is done about each:
   and every source is reconciled with a scan;
 * a storm (a ``git checkout``, a sync tool dumping a folder) races folder creation against watch
   creation: once a burst of at least ``STORM_PATHS`` changed paths has settled, its source is
-  reconciled with a scan (which reads only files whose size or mtime differ from the index);
+  reconciled with a scan (which reads only files whose size or mtime differ from the index;
+  changes.py counts the bursts);
 * the watch limit (``fs.inotify.max_user_watches``) is reached: watchdog skips the folders it
   cannot watch without a word, so the watcher compares the folders of each source with the
   watches its process holds (``/proc/self/fdinfo``); a source not fully watched is reported with
@@ -37,7 +36,6 @@ import os
 import threading
 import time
 import warnings
-from pathlib import Path
 
 from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileAttribEvent,
                              FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent,
@@ -46,18 +44,13 @@ from watchdog.observers import Observer
 
 from ragd.config import Source
 from ragd.ingest import inotify
-from ragd.ingest.sources import Rules
+from ragd.ingest.changes import Changes
 from ragd.workers import Worker
-
-# watchdog holds a file's moved-from event this long for its moved-to pair (0.5 s), plus margin
-MOVE_PAIRING = 0.7
 
 log = logging.getLogger("ragd.watcher")
 
-
-MAX_PENDING = 20000  # more distinct paths than this waiting: rescan the source instead
-STORM_PATHS = 200  # a settled burst of this many paths is followed by a scan of its source
-OVERFLOW_LOGGER = "watchdog.observers.inotify_c"  # where watchdog (>= 7.1) reports IN_Q_OVERFLOW
+# where watchdog (>= 7.1) reports IN_Q_OVERFLOW
+OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
 # What is asked of inotify: not opens, reads or closes without a write (ragd's own reading of a
 # file would otherwise fill the kernel's queue with events about itself).
 WANTED_EVENTS = [FileCreatedEvent, FileModifiedEvent, FileAttribEvent, FileClosedEvent,
@@ -66,17 +59,14 @@ INOTIFY_HINT = ("raise the inotify watch limit, e.g. `sudo sysctl fs.inotify.max
                 "524288` (and add it to /etc/sysctl.conf)")
 
 
-# The files holding a source's own rules (sources.Rules), relative to its root.
-RULE_FILES = (".ragignore", ".obsidian/app.json")
-
 class _Handler(FileSystemEventHandler):
-    def __init__(self, watcher: "Watcher", source: Source):
-        self.watcher = watcher
+    def __init__(self, changes: Changes, source: Source):
+        self.changes = changes
         self.source = source
 
     def dispatch(self, event: FileSystemEvent) -> None:
         try:
-            self.watcher.on_event(self.source, event)
+            self.changes.on_event(self.source, event)
         except Exception:  # an odd event must not stop the observer thread
             log.exception("watch event %r", event)
 
@@ -98,18 +88,17 @@ class _OverflowSpy(logging.Handler):
 
 
 class Watcher:
-    """Two threads of its own besides watchdog's: the flusher (events coalesced per path, handed
-    to the indexer once quiet) and the checker (the inotify bookkeeping: are all folders
-    watched; the periodic reconciliation scans). Both sleep until something is due."""
+    """Two threads of its own besides watchdog's: the flusher (``self.changes``: events
+    coalesced per path, handed to the indexer once quiet) and the checker (the inotify
+    bookkeeping: are all folders watched; the periodic reconciliation scans). Both sleep until
+    something is due."""
 
     def __init__(self, sources: list[Source], indexer, quiet: float = 0.25,
                  scan_interval: float = 600.0, unwatched_scan_interval: float = 30.0):
         self.sources = sources
         self.indexer = indexer
-        self.quiet = quiet
         self.scan_interval = scan_interval
         self.unwatched_scan_interval = unwatched_scan_interval
-        self.rules = {s.name: Rules(s) for s in sources}
         self.observer = Observer()
         self.errors: dict[str, str] = {}  # source -> why it is not (fully) watched
         self.overflows = 0  # inotify queue overflows seen (each followed by a scan)
@@ -122,24 +111,13 @@ class Watcher:
         self._roots: dict[str, tuple[int, int]] = {}
         self._gone: set[str] = set()  # sources whose folder is gone: watched when it is back
         self._spy = _OverflowSpy(self)
-        self._burst: dict[str, int] = {}  # source -> paths flushed in its current burst
-        self.last_event: dict[str, float] = {}
-        # The flusher's queues, under _lock (a Condition: an event wakes the flusher).
-        self._lock = threading.Condition()
-        self._due: dict[tuple[str, str], float] = {}  # (source, rel) -> time it settles
-        self._seen: dict[tuple[str, str], float] = {}  # (source, rel) -> first event (wall time)
-        # (source, old rel, new rel) -> due, in the order told. A folder's move is told once for
-        # the folder and once for each file and subfolder under it (watchdog): one entry each.
-        self._moves: dict[tuple[str, str, str], float] = {}
-        self._inflight = 0  # taken off the queues, not yet handed to the indexer
-        self._folder_made_at = -1e9  # monotonic time of the last folder created (see below)
-        self._heard = 0  # events heard so far, under _lock (wait_heard)
         # The checker's schedule, under _check_cv.
         self._check_cv = threading.Condition()
         self._check_at: float | None = time.monotonic()  # compare folders and watches next
         self._roots_now = False  # an event came from a source whose folder is not there
         self._stop = threading.Event()
-        self.flusher = Worker("watch-flusher", self._flush_loop)
+        self.changes = Changes(sources, indexer, quiet, recheck=self._check_in,
+                               flushed=self._roots_gone)
         self.checker = Worker("watch-checker", self._check_loop)
 
     def start(self) -> None:
@@ -154,7 +132,7 @@ class Watcher:
         self.observer.start()  # before any watch, so that a source that cannot be watched
         for s in self.sources:  # fails alone, at its own schedule()
             self._watch(s)
-        self.flusher.start()
+        self.changes.start()
         self.checker.start()
 
     def _watch(self, s: Source) -> None:
@@ -184,7 +162,7 @@ class Watcher:
     def _schedule(self, s: Source) -> None:
         st = os.stat(s.root)
         self._watches[s.name] = self.observer.schedule(
-            _Handler(self, s), str(s.root), recursive=True, event_filter=WANTED_EVENTS)
+            _Handler(self.changes, s), str(s.root), recursive=True, event_filter=WANTED_EVENTS)
         self._roots[s.name] = (st.st_dev, st.st_ino)
 
     def _check_roots(self) -> None:
@@ -241,14 +219,14 @@ class Watcher:
     def add_source(self, s: Source) -> None:
         """Watch a source added by a reload (or changed: removed first)."""
         self.sources = [x for x in self.sources if x.name != s.name] + [s]
-        self.rules[s.name] = Rules(s)
+        self.changes.add_source(s)
         self._watch(s)
         self._check_in(2.0)
 
     def remove_source(self, name: str) -> None:
         """Stop watching a source a reload removed; what waited for it is dropped."""
         self.sources = [x for x in self.sources if x.name != name]
-        self.rules.pop(name, None)
+        self.changes.remove_source(name)  # its events ignored from now on, its queue dropped
         watch = self._watches.pop(name, None)
         if watch is not None:
             try:
@@ -260,11 +238,6 @@ class Watcher:
         self._strays.discard(name)
         self._roots.pop(name, None)
         self._gone.discard(name)
-        with self._lock:
-            self._due = {k: v for k, v in self._due.items() if k[0] != name}
-            self._seen = {k: v for k, v in self._seen.items() if k[0] != name}
-            self._moves = {m: due for m, due in self._moves.items() if m[0] != name}
-            self._lock.notify_all()
 
     def _unwatched(self, s: Source, e: OSError) -> None:
         scans = f"the source is scanned every {self.unwatched_scan_interval:g} s instead"
@@ -280,138 +253,44 @@ class Watcher:
     def stop(self) -> None:
         logging.getLogger(OVERFLOW_LOGGER).removeHandler(self._spy)
         self._stop.set()
-        with self._lock:
-            self._lock.notify_all()
         with self._check_cv:
             self._check_cv.notify_all()
+        self.changes.stop(5)
         try:
             self.observer.stop()
             self.observer.join(5)
         except RuntimeError:
             pass
-        self.flusher.stop(5)
         self.checker.stop(5)
 
-    # -- events (observer threads) ---------------------------------------------------------------
+    # -- what waits (status, search --wait): the flusher's queues ---------------------------------
 
-    def _rel(self, s: Source, path) -> str | None:
-        path = os.fsdecode(path)
-        try:
-            rel = Path(path).relative_to(s.root).as_posix()
-        except ValueError:
-            return None
-        return rel if rel != "." else None
+    @property
+    def quiet(self) -> float:
+        return self.changes.quiet
 
-    def _settle(self, keys: list[tuple[str, str]], now: float) -> None:
-        """These paths changed: each is handed to the indexer once quiet for `quiet`."""
-        if not keys:
-            return
-        with self._lock:
-            wall = time.time()
-            for key in keys:
-                self._due[key] = now + self.quiet
-                self._seen.setdefault(key, wall)
-            overflow = len(self._due) > MAX_PENDING
-            self._lock.notify_all()
-        if overflow:
-            for name in {k[0] for k in keys}:
-                self._overflow(name)
+    @quiet.setter
+    def quiet(self, seconds: float) -> None:  # (a reload changes it live)
+        self.changes.quiet = seconds
 
-    def on_event(self, s: Source, event: FileSystemEvent) -> None:
-        if event.event_type in ("opened", "closed_no_write"):
-            return
-        now = time.monotonic()
-        rules = self.rules.get(s.name)
-        if rules is None:
-            return  # a source a reload just removed
-        self.last_event[s.name] = time.time()
-        with self._lock:
-            self._heard += 1
-            self._lock.notify_all()
-        if self._rules_edited(s, event, rules):
-            return
-        if os.fsdecode(event.src_path) == str(s.root):
-            return
-        if event.event_type == "moved":
-            old, new = self._rel(s, event.src_path), self._rel(s, event.dest_path)
-            if event.is_directory:
-                self._dir_moved(s, old, new, now)
-                self._check_in(1.0)
-                return
-            old_ok = old is not None and rules.wanted(old)
-            new_ok = new is not None and rules.wanted(new)
-            if old_ok and new_ok:
-                with self._lock:
-                    self._add_move((s.name, old, new), now)
-                    self._lock.notify_all()
-                return
-            self._settle([(s.name, rel) for rel, ok in ((old, old_ok), (new, new_ok)) if ok],
-                         now)
-            return
-        rel = self._rel(s, event.src_path)
-        if rel is None:
-            return
-        if event.is_directory:
-            if event.event_type == "deleted":
-                self.indexer.request_scan(s.name)  # whatever was under it is gone
-            elif event.event_type == "created":
-                with self._lock:
-                    self._folder_made_at = now
-                self._walk(s, rel, now)  # files may have arrived before the watch did
-                self._check_in(1.0)
-            return
-        if rules.wanted(rel):
-            self._settle([(s.name, rel)], now)
+    @property
+    def last_event(self) -> dict[str, float]:
+        return self.changes.last_event
 
-    def _rules_edited(self, s: Source, event: FileSystemEvent, rules: Rules) -> bool:
-        """Is this an edit of the source's own rules — its .ragignore, a vault's Excluded files
-        (.obsidian/app.json)? They are read again, and when they changed the source is scanned
-        with them: files now left out leave the index, files let in enter it. (They were read
-        at start only: a pattern added to .ragignore changed nothing until a restart, and a
-        'ragctl reindex' that applied it was undone by the next save.)"""
-        paths = [event.src_path] + ([event.dest_path] if event.event_type == "moved" else [])
-        if not any(self._rel(s, p) in RULE_FILES for p in paths):
-            return False
-        fresh = Rules(s)
-        if fresh.ignore != rules.ignore:
-            self.rules[s.name] = fresh
-            log.info("source %s: its ignore rules changed; scanning it with them", s.name)
-            self.indexer.request_scan(s.name)
-        return True
+    @property
+    def pending(self) -> int:
+        return self.changes.pending
 
-    def _files_under(self, s: Source, rel_dir: str) -> list[str]:
-        """Wanted files under a folder of the source (walked without holding any lock)."""
-        rules = self.rules[s.name]
-        out = []
-        for dirpath, dirnames, filenames in os.walk(s.root / rel_dir):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for f in filenames:
-                rel = (Path(dirpath) / f).relative_to(s.root).as_posix()
-                if rules.wanted(rel):
-                    out.append(rel)
-        return out
+    def oldest_pending(self) -> dict[str, float]:
+        return self.changes.oldest_pending()
 
-    def _dir_moved(self, s: Source, old: str | None, new: str | None, now: float) -> None:
-        if new is None:  # moved out of the source: like a deletion
-            self.indexer.request_scan(s.name)
-            return
-        files = self._files_under(s, new)
-        if old is None:  # moved in from outside: new files
-            self._settle([(s.name, rel) for rel in files], now)
-            return
-        with self._lock:
-            for rel_new in files:
-                self._add_move((s.name, old + rel_new[len(new):], rel_new), now)
-            self._lock.notify_all()
+    def wait_heard(self, timeout: float) -> bool:
+        return self.changes.wait_heard(timeout)
 
-    def _add_move(self, move: tuple[str, str, str], now: float) -> None:
-        """A move waits once however often it is told; told again, it goes last (a folder moved
-        A -> B -> A -> B in one quiet period is applied in that order). Under self._lock."""
-        self._moves.pop(move, None)
-        self._moves[move] = now + self.quiet
+    def wait_settled(self, timeout: float) -> bool:
+        return self.changes.wait_settled(timeout)
 
-    def _walk(self, s: Source, rel_dir: str, now: float) -> None:
-        self._settle([(s.name, rel) for rel in self._files_under(s, rel_dir)], now)
+    # -- recovery ---------------------------------------------------------------------------------
 
     def overflowed(self) -> None:
         """The kernel dropped inotify events (any source may have lost some): scan them all."""
@@ -428,44 +307,6 @@ class Watcher:
                            message="inotify queue overflowed; reconciling with a scan")
         self.indexer.request_scan()
 
-    def _overflow(self, name: str) -> None:
-        """Too many paths wait: drop them for a scan of the source, which finds them all."""
-        log.warning("source %s: more than %d changed paths waiting; reconciling with a scan",
-                    name, MAX_PENDING)
-        with self._lock:
-            self._due = {k: v for k, v in self._due.items() if k[0] != name}
-            # What the scan will index is the indexer's to count from now on.
-            self._seen = {k: v for k, v in self._seen.items() if k[0] != name}
-        self.indexer.request_scan(name)
-
-    # -- the flusher ------------------------------------------------------------------------------
-
-    def _flush_loop(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                self._inflight = 0
-                self._lock.notify_all()  # wait_settled
-                now = time.monotonic()
-                nexts = [*self._due.values(), *self._moves.values()]
-                soonest = min(nexts) if nexts else None
-                if soonest is None or soonest > now:
-                    self._lock.wait(None if soonest is None else soonest - now)
-                    continue
-                moves = [m for m, due in self._moves.items() if due <= now]
-                self._moves = {m: due for m, due in self._moves.items() if due > now}
-                ready = [k for k, due in self._due.items() if due <= now]
-                for k in ready:
-                    del self._due[k]
-                self._inflight = len(moves) + len(ready)
-            for name, old, new in moves:
-                self.indexer.request_move(name, old, new)
-            for key in ready:
-                with self._lock:
-                    since = self._seen.pop(key, None)
-                self.indexer.request_path(*key, since=since)
-            self._after_bursts(moves, ready)
-            self._roots_gone({m[0] for m in moves} | {k[0] for k in ready})
-
     def _roots_gone(self, names: set) -> None:
         """Events of a source whose folder is not there: inotify follows a folder moved away
         and reports what is done in it under the old path. The check loop looks at the
@@ -477,70 +318,6 @@ class Watcher:
             with self._check_cv:
                 self._roots_now = True
                 self._check_cv.notify_all()
-
-    def _after_bursts(self, moves: list, ready: list) -> None:
-        """Count each source's burst of changes; when a big one has settled (nothing of that
-        source waits any more), reconcile the source with a scan: in a storm, files can land in
-        a new folder between its creation and its watch, and a scan is cheap next to a loss."""
-        for name, _, _ in moves:
-            self._burst[name] = self._burst.get(name, 0) + 1
-        for name, _ in ready:
-            self._burst[name] = self._burst.get(name, 0) + 1
-        if not self._burst:
-            return
-        with self._lock:
-            busy = {k[0] for k in self._due} | {m[0] for m in self._moves}
-        for name in [n for n in self._burst if n not in busy]:
-            if self._burst.pop(name) >= STORM_PATHS:
-                log.info("source %s: a burst of changes settled; reconciling with a scan", name)
-                self.indexer.request_scan(name)
-
-    def oldest_pending(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        with self._lock:
-            for (source, _), t in self._seen.items():
-                out[source] = min(out.get(source, t), t)
-        return out
-
-    @property
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._due) + len(self._moves) + self._inflight
-
-    def wait_heard(self, timeout: float) -> bool:
-        """Wait until the watcher hears an event (at most timeout s): inotify delivers within
-        milliseconds, so an edit made just before a search --wait is heard by then. Returns
-        whether one was."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            seen = self._heard
-            while self._heard == seen:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            return True
-
-    def wait_settled(self, timeout: float) -> bool:
-        """Wait until no event waits to be handed to the indexer.
-
-        Right after a folder is created, also until MOVE_PAIRING has passed: `mkdir X && mv
-        note X/` moves the note into a folder watched a moment later, so the kernel reports only
-        its leaving, and watchdog holds that event 0.5 s for a pair that never comes. Without
-        this, search --wait answered with the note at both paths (found in the new folder by
-        its walk, not yet gone from the old)."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while True:
-                now = time.monotonic()
-                busy = self._due or self._moves or self._inflight
-                pairing = self._folder_made_at + MOVE_PAIRING - now
-                if not busy and pairing <= 0:
-                    return True
-                left = deadline - now
-                if left <= 0:
-                    return False
-                self._lock.wait(left if busy else min(left, pairing))
 
     # -- the checker ------------------------------------------------------------------------------
 
