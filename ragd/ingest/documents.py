@@ -35,7 +35,7 @@ def paragraphs(lines: list[str], start: int = 0, end: int | None = None) -> list
     return out
 
 
-HEADER = re.compile(r"^([A-Za-z][A-Za-z0-9\-]*):[ \t]+(\S.*)$")
+HEADER = re.compile(r"^([A-Za-z][A-Za-z0-9\-]*):(?:[ \t]+(.*))?$")  # ('Post-History:' empty)
 
 
 def headers(lines: list[str]) -> dict[str, str]:
@@ -50,7 +50,7 @@ def headers(lines: list[str]) -> dict[str, str]:
         m = HEADER.match(line)
         if m:
             last = m.group(1)
-            out[last] = m.group(2).strip()
+            out[last] = (m.group(2) or "").strip()
         elif line[:1] in (" ", "\t") and last is not None:
             out[last] += " " + line.strip()
         else:
