@@ -43,6 +43,8 @@ def test_date_filters_read_the_notes_own_date(make_daemon, tmp_path):
     states none, its file time counts; '7d', 'yesterday', 'today' are read by the daemon and
     passed through by ragctl; each result says which date it used."""
     root = _dated_vault(tmp_path / "v")
+    (root / "far.md").write_text("---\ndate: 9999-12-31\n---\nA wombat of the far future.\n")
+    os.utime(root / "far.md", (OLD, OLD))  # (past what a filter reaches: its file's time)
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}])
     with d:
         d.wait_idle()
@@ -52,14 +54,14 @@ def test_date_filters_read_the_notes_own_date(make_daemon, tmp_path):
         assert dated["old.md"] == ("2020-01-05", "frontmatter created")
         assert dated["edited.md"] == (yesterday, "frontmatter updated")  # updated wins
         assert dated["2021-06-01.md"] == ("2021-06-01", "file name")
-        assert dated["undated.md"] == ("2019-01-01T00:00", "file modified")
+        assert dated["undated.md"] == dated["far.md"] == ("2019-01-01T00:00", "file modified")
 
         for since, found in (("7d", {"edited.md"}), ("yesterday", {"edited.md"}),
                              ("today", set()), ("2021-05-01", {"edited.md", "2021-06-01.md"})):
             res = d.call("search", query="wombat", mode="bm25", k=10, since=since)
             assert _names(res) == found, (since, res["results"])
         res = d.call("search", query="wombat", mode="bm25", k=10, before="2021-01-01")
-        assert _names(res) == {"old.md", "undated.md"}
+        assert _names(res) == {"old.md", "undated.md", "far.md"}
         res = d.call("search", query="wombat", mode="bm25", k=10, since="2021-06-01",
                      before="2021-06-02")  # a day: its daily note
         assert _names(res) == {"2021-06-01.md"}

@@ -307,9 +307,12 @@ def note_date_ns(meta: str | None) -> int | None:
     files.note_date_ns; None when it states none."""
     try:
         when = dates.parse((json.loads(meta) or {}).get("date")) if meta else None
-        return int(dates.stamp(when) * 1e9) if when is not None else None
+        t = dates.stamp(when) if when is not None else None
     except (ValueError, TypeError, AttributeError, OverflowError, OSError):
         return None
+    # as far as nanoseconds in SQLite's 64-bit integers reach (1678-2262): 'date: 9999-01-01'
+    # is no date to filter by, rather than a file that cannot be stored
+    return int(t * 1e9) if t is not None and abs(t) < 9.2e9 else None
 
 
 def move_file(db: sqlite3.Connection, file_id: int, relpath: str, size: int, mtime_ns: int,
