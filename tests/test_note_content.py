@@ -117,7 +117,8 @@ def test_document_titles(make_daemon, tmp_path):
     Created header, a PDF by its ModDate."""
     root = tmp_path / "docs"
     root.mkdir()
-    shutil.copy(VAULTS / "python-peps" / "pep-0572.rst", root)
+    for pep in ("pep-0572.rst", "pep-0001.rst"):  # (the second: "pep" is in both)
+        shutil.copy(VAULTS / "python-peps" / pep, root)
     (root / "guide.rst").write_text(".. a comment\n\n=================\nThe Pangolin Guide\n"
                                     "=================\n\nIntro.\n\nScales\n------\n\n"
                                     "Pangolin scales are keratin.\n")
@@ -138,6 +139,8 @@ def test_document_titles(make_daemon, tmp_path):
         assert (top["date"], top["date_from"]) == ("2018-02-28", "header Created")
         top = d.call("search", query="assignment expressions", mode="bm25", k=1)["results"][0]
         assert Path(top["path"]).name == "pep-0572.rst"  # the title's words find it
+        top = d.call("search", query="pep-0572", mode="bm25", k=1)["results"][0]
+        assert Path(top["path"]).name == "pep-0572.rst"  # and its file's name still does
 
         top = d.call("search", query="pangolin keratin", mode="bm25", k=1)["results"][0]
         assert top["title"] == "The Pangolin Guide"

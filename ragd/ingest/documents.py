@@ -58,11 +58,19 @@ def headers(lines: list[str]) -> dict[str, str]:
     return out if len(out) >= 2 else {}
 
 
+def retitle(doc: Doc, title: str) -> None:
+    """The document's own title for its note's; the file's name it had stays one of its names
+    (an alias: its chunks' keywords), so that 'pep-0572' still finds it."""
+    if doc.title and doc.title not in doc.aliases and doc.title != title:
+        doc.aliases.append(doc.title)
+    doc.title = title
+
+
 def _with_headers(doc: Doc) -> Doc:
     """A document's headers (headers) name its title and date."""
     found = headers(doc.lines[:200])
     if found.get("Title"):
-        doc.title = found["Title"]
+        retitle(doc, found["Title"])
     if (dated := dates.from_fields(found, "header")) is not None:
         doc.date, doc.date_from = dated
     return doc
@@ -117,7 +125,7 @@ def parse_rst(text: str, title: str) -> Doc:
         i = j + 1
     doc = Doc(lines=lines, blocks=blocks, title=title)
     if (named := rst_title(blocks)) is not None:
-        doc.title = named
+        retitle(doc, named)
     return _with_headers(doc)
 
 
@@ -200,7 +208,7 @@ def with_pdf_info(doc: Doc, info: dict[str, str]) -> Doc:
     (else CreationDate) its date."""
     title = " ".join(info.get("Title", "").split())
     if title and not PDF_NO_TITLE.fullmatch(title):
-        doc.title = title
+        retitle(doc, title)
     for key in ("ModDate", "CreationDate"):
         when = dates.from_pdf(info.get(key, ""))
         if when is not None:
