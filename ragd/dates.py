@@ -101,7 +101,8 @@ def from_pdf(value: str) -> datetime.datetime | None:
     when = parse(value)
     if when is not None:
         return when
-    m = re.match(r"\w{3}\s+(\w{3})\s+(\d{1,2})\s+(\d{1,2}):(\d{2}):(\d{2})\s+(\d{4})", value.strip())
+    m = re.match(r"\w{3}\s+(\w{3})\s+(\d{1,2})\s+(\d{1,2}):(\d{2}):(\d{2})\s+(\d{4})",
+                 value.strip())
     if m and m.group(1).lower() in MONTHS:
         try:
             return datetime.datetime(int(m.group(6)), MONTHS[m.group(1).lower()],

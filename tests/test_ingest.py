@@ -198,7 +198,8 @@ def test_document_titles_and_dates_from_headers():
     """A PEP's RFC 822 headers name its title and date; its first heading, one of many of its
     style, is no document title."""
     text = ("PEP: 572\nTitle: Assignment Expressions\nAuthor: Chris Angelico,\n"
-            "        Tim Peters\nCreated: 28-Feb-2018\nPost-History:\n\n\nAbstract\n========\n\nText.\n\n"
+            "        Tim Peters\nCreated: 28-Feb-2018\nPost-History:\n\n\n"
+            "Abstract\n========\n\nText.\n\n"
             "Rationale\n=========\n\nMore.\n")
     doc = documents.parse_rst(text, "pep-0572")
     assert doc.title == "Assignment Expressions"
