@@ -1152,8 +1152,12 @@ def parser() -> argparse.ArgumentParser:
                         "'Projects/*', or a folder: 'Projects'; an absolute one inside a "
                         "source's folder is taken relative to it (and searches only it)")
     p.add_argument("--tag", metavar="TAG", help="only notes with this tag (a/b matches a)")
-    p.add_argument("--since", metavar="DATE", help="only files changed since (YYYY-MM-DD)")
-    p.add_argument("--before", metavar="DATE", help="only files changed before (YYYY-MM-DD)")
+    p.add_argument("--since", metavar="DATE",
+                   help="only notes dated since: YYYY-MM-DD, today, yesterday, 7d, 2w, 3m, 1y "
+                        "(a note's date: its frontmatter's updated, date or created, a daily "
+                        "note's file name, else the file's time; --json says which)")
+    p.add_argument("--before", metavar="DATE",
+                   help="only notes dated before (the same forms as --since)")
     p.add_argument("--group", choices=["note", "chunk"],
                    help="note (default): one result per note, its best part; chunk: every "
                         "matching part")

@@ -23,6 +23,7 @@ from ragd.index import gc, milvus, store, textindex
 from ragd.index.indexer import Indexer
 from ragd.index.switch import Embedding
 from ragd.index.vectorstore import VectorStore
+from ragd.ingest import loader
 from ragd.ingest.watcher import Watcher
 from ragd.index.buffers import BufferStore
 from ragd.ops import Ops
@@ -343,10 +344,11 @@ class Runtime:
 
     def _reading(self) -> dict:
         """What decides how a source's files become chunks, per source: the chunking of the
-        config and the source's kind and rules."""
+        config, the source's kind and rules, and the parser's version."""
         cfg = self.cfg
         return {s.name: {"chunk_tokens": cfg.chunk_tokens, "chunk_overlap": cfg.chunk_overlap,
-                         "kind": s.kind, "include": list(s.include), "exclude": list(s.exclude)}
+                         "kind": s.kind, "include": list(s.include), "exclude": list(s.exclude),
+                         "parser": loader.PARSER}
                 for s in cfg.sources}
 
     def _read_again_if_changed(self) -> None:

@@ -308,8 +308,9 @@ def wait_embedded(d: Daemon, timeout: float = 180.0) -> dict:
     return d.wait_idle(timeout, vectors=True)
 
 
-def make_pdf(path: Path, pages: list[list[str]]) -> Path:
-    """A real (minimal) PDF: each page a list of text lines in Helvetica."""
+def make_pdf(path: Path, pages: list[list[str]], info: dict[str, str] | None = None) -> Path:
+    """A real (minimal) PDF: each page a list of text lines in Helvetica; info: its document
+    information (Title, ModDate as D:20240305103000, ...)."""
     def esc(t: str) -> str:
         return t.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
 
@@ -325,6 +326,9 @@ def make_pdf(path: Path, pages: list[list[str]]) -> Path:
         text = "BT /F1 11 Tf 72 720 Td 14 TL " + " ".join(f"({esc(ln)}) Tj T*" for ln in lines) + " ET"
         objs.append(f"<< /Length {len(text)} >>\nstream\n{text}\nendstream".encode())
     objs.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    if info:
+        objs.append(("<< " + " ".join(f"/{k} ({esc(v)})" for k, v in info.items())
+                     + " >>").encode())
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for i, body in enumerate(objs, 1):
@@ -334,6 +338,7 @@ def make_pdf(path: Path, pages: list[list[str]]) -> Path:
     out += f"xref\n0 {len(objs) + 1}\n0000000000 65535 f \n".encode()
     for off in offsets:
         out += f"{off:010d} 00000 n \n".encode()
-    out += f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    trailer = f"/Size {len(objs) + 1} /Root 1 0 R" + (f" /Info {len(objs)} 0 R" if info else "")
+    out += f"trailer\n<< {trailer} >>\nstartxref\n{xref}\n%%EOF\n".encode()
     path.write_bytes(bytes(out))
     return path

@@ -187,10 +187,29 @@ def test_rst_sections_are_headings():
     doc = documents.parse_rst(text, "pep-0001")
     chunks = chunker.chunk_doc(doc, budget=256, overlap=0)
     assert [(c.heading, c.line_start, c.line_end) for c in chunks] == [
-        ("pep-0001 > PEP Title", 5, 5),
-        ("pep-0001 > PEP Title > Motivation", 10, 13),
-        ("pep-0001 > PEP Title > Motivation > Details", 18, 18),
+        ("PEP Title", 5, 5),  # a lone title of its style: the document's (docutils)
+        ("PEP Title > Motivation", 10, 13),
+        ("PEP Title > Motivation > Details", 18, 18),
     ]
+    assert doc.title == "PEP Title"
+
+
+def test_document_titles_and_dates_from_headers():
+    """A PEP's RFC 822 headers name its title and date; its first heading, one of many of its
+    style, is no document title."""
+    text = ("PEP: 572\nTitle: Assignment Expressions\nAuthor: Chris Angelico,\n"
+            "        Tim Peters\nCreated: 28-Feb-2018\nPost-History:\n\n\n"
+            "Abstract\n========\n\nText.\n\n"
+            "Rationale\n=========\n\nMore.\n")
+    doc = documents.parse_rst(text, "pep-0572")
+    assert doc.title == "Assignment Expressions"
+    assert doc.meta()["date"] == "2018-02-28" and doc.meta()["date_from"] == "header Created"
+    assert chunker.chunk_doc(doc, budget=256, overlap=0)[1].heading == \
+        "Assignment Expressions > Abstract"
+    doc = documents.parse_text("Title: x\nnot a header\n", "plain")
+    assert doc.title == "plain"  # headers only when every line up to a blank one is one
+    doc = markdown.parse("---\ndate: 2024-03-05\ncreated: 2020-01-01\n---\nx\n", "n")
+    assert (doc.meta()["date"], doc.meta()["date_from"]) == ("2024-03-05", "frontmatter date")
 
 
 def test_pdf_pages_headers_and_hyphens():

@@ -803,11 +803,8 @@ class Indexer:
                 target = store.file_row(db, src.name, new)
                 if target is not None and target["id"] != row["id"]:  # moved over a file
                     store.delete_file(db, target["id"], changes)
-                db.execute("UPDATE files SET relpath = ?, size = ?, mtime_ns = ?, meta = ?, "
-                           "indexed_at = ? WHERE id = ?",
-                           (store.db_rel(new), p.content.size, p.content.mtime_ns,
-                            json.dumps(p.content.doc.meta(), ensure_ascii=False), time.time(),
-                            row["id"]))
+                store.move_file(db, row["id"], new, p.content.size, p.content.mtime_ns,
+                                json.dumps(p.content.doc.meta(), ensure_ascii=False))
                 db.executemany("UPDATE chunks SET heading = ?, keywords = ? WHERE id = ?",
                                [(q.heading, q.keywords, o["id"]) for o, q in zip(olds, pieces)])
                 self.stats.files_moved += 1

@@ -309,6 +309,17 @@ def m008_removed_sources(db: sqlite3.Connection) -> None:
     """)
 
 
+@migration
+def m009_note_dates(db: sqlite3.Connection) -> None:
+    """Files get the note's own date (ragd/dates.py: its frontmatter's, its headers', a daily
+    note's file name), in nanoseconds as mtime_ns; NULL when it states none, and a date
+    filter reads mtime_ns then. Rows indexed before are NULL until read again (the parser
+    version does that: loader.PARSER). (A column already there, as in an index whose
+    user_version was set back, is kept.)"""
+    if not any(r[1] == "note_date_ns" for r in db.execute("PRAGMA table_info(files)")):
+        db.execute("ALTER TABLE files ADD COLUMN note_date_ns INTEGER")
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from ragd import dates
 from ragd.index.schema import (MIGRATIONS, NOTES_FORMAT, SCHEMA_VERSION, StoreError,  # noqa: F401
                                check_notes, note_row, refresh_notes, script_statements)
 
@@ -272,17 +273,19 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
     chunks = list(chunks) if chunks is not None else None
     row = file_row(db, source, relpath)
     n = len(chunks) if chunks is not None else None
+    dated = note_date_ns(meta)
     if row is None:
         file_id = db.execute(
             "INSERT INTO files (source, relpath, size, mtime_ns, hash, status, reason, "
-            "indexed_at, meta, chunks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "indexed_at, meta, chunks, note_date_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (source, db_rel(relpath), size, mtime_ns, hash_, status, reason, now, meta,
-             n or 0)).lastrowid
+             n or 0, dated)).lastrowid
     else:
         file_id = row[0]
         db.execute("UPDATE files SET size = ?, mtime_ns = ?, hash = ?, status = ?, reason = ?, "
-                   "indexed_at = ?, meta = ?, chunks = COALESCE(?, chunks) WHERE id = ?",
-                   (size, mtime_ns, hash_, status, reason, now, meta, n, file_id))
+                   "indexed_at = ?, meta = ?, chunks = COALESCE(?, chunks), note_date_ns = ? "
+                   "WHERE id = ?",
+                   (size, mtime_ns, hash_, status, reason, now, meta, n, dated, file_id))
     if chunks is not None:
         if changes is not None:
             changes.remove(db.execute("SELECT id, embed_hash FROM chunks WHERE file_id = ?",
@@ -297,6 +300,29 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
             changes.add((r[0], r[1], file_id) for r in db.execute(
                 "SELECT id, embed_hash FROM chunks WHERE file_id = ?", (file_id,)))
     return file_id
+
+
+def note_date_ns(meta: str | None) -> int | None:
+    """The note's own date (its meta's `date`, as Doc.meta writes it) in nanoseconds, for
+    files.note_date_ns; None when it states none."""
+    try:
+        when = dates.parse((json.loads(meta) or {}).get("date")) if meta else None
+        t = dates.stamp(when) if when is not None else None
+    except (ValueError, TypeError, AttributeError, OverflowError, OSError):
+        return None
+    # as far as nanoseconds in SQLite's 64-bit integers reach (1678-2262): 'date: 9999-01-01'
+    # is no date to filter by, rather than a file that cannot be stored
+    return int(t * 1e9) if t is not None and abs(t) < 9.2e9 else None
+
+
+def move_file(db: sqlite3.Connection, file_id: int, relpath: str, size: int, mtime_ns: int,
+              meta: str) -> None:
+    """A file moved with its chunks unchanged: its row under the new path (and the meta
+    read there: a daily note's date is its name's)."""
+    db.execute("UPDATE files SET relpath = ?, size = ?, mtime_ns = ?, meta = ?, "
+               "note_date_ns = ?, indexed_at = ? WHERE id = ?",
+               (db_rel(relpath), size, mtime_ns, meta, note_date_ns(meta), time.time(),
+                file_id))
 
 
 def touch_file(db: sqlite3.Connection, file_id: int, size: int, mtime_ns: int) -> None:
@@ -433,12 +459,16 @@ def chunk_spans(db: sqlite3.Connection, ids) -> dict[int, tuple]:
 
 def chunk_results(db: sqlite3.Connection, ids) -> dict[int, sqlite3.Row]:
     """chunk id -> what a search result shows of it: id, heading, line_start, line_end, text,
-    and its file's source, relpath, indexed_at, size, mtime_ns."""
+    and its file's source, relpath, indexed_at, size, mtime_ns, note_date_ns, and its
+    meta's date and date_from (the note's date as shown, and where it came from)."""
     out: dict[int, sqlite3.Row] = {}
     for part, q in in_batches(indexed(ids)):
         out.update({r["id"]: r for r in db.execute(
             "SELECT c.id, c.heading, c.line_start, c.line_end, c.text, f.source, f.relpath, "
-            "f.indexed_at, f.size, f.mtime_ns FROM chunks c JOIN files f ON f.id = c.file_id "
+            "f.indexed_at, f.size, f.mtime_ns, f.note_date_ns, "
+            "json_extract(f.meta, '$.date') AS date, "
+            "json_extract(f.meta, '$.date_from') AS date_from "
+            "FROM chunks c JOIN files f ON f.id = c.file_id "
             f"WHERE c.id IN ({q})", part)})
     return out
 

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ragd import dates
 from ragd.ingest.markdown import Block, Doc
 
 RST_ADORN = re.compile(r"^([=\-~`:#\"^+*._'!$%&,;/<>?@\[\]{}|])\1{2,}\s*$")
@@ -34,9 +35,50 @@ def paragraphs(lines: list[str], start: int = 0, end: int | None = None) -> list
     return out
 
 
+HEADER = re.compile(r"^([A-Za-z][A-Za-z0-9\-]*):(?:[ \t]+(.*))?$")  # ('Post-History:' empty)
+
+
+def headers(lines: list[str]) -> dict[str, str]:
+    """The RFC 822 style headers a document opens with, as a PEP's (`PEP: 572`, `Title:
+    Assignment Expressions`, `Created: 28-Feb-2018`, continued on indented lines), up to the
+    first blank line; {} when it does not open with at least two of them."""
+    out: dict[str, str] = {}
+    last = None
+    for line in lines:
+        if not line.strip():
+            break
+        m = HEADER.match(line)
+        if m:
+            last = m.group(1)
+            out[last] = (m.group(2) or "").strip()
+        elif line[:1] in (" ", "\t") and last is not None:
+            out[last] += " " + line.strip()
+        else:
+            return {}
+    return out if len(out) >= 2 else {}
+
+
+def retitle(doc: Doc, title: str) -> None:
+    """The document's own title for its note's; the file's name it had stays one of its names
+    (an alias: its chunks' keywords), so that 'pep-0572' still finds it."""
+    if doc.title and doc.title not in doc.aliases and doc.title != title:
+        doc.aliases.append(doc.title)
+    doc.title = title
+
+
+def _with_headers(doc: Doc) -> Doc:
+    """A document's headers (headers) name its title and date."""
+    found = headers(doc.lines[:200])
+    if found.get("Title"):
+        retitle(doc, found["Title"])
+    if (dated := dates.from_fields(found, "header")) is not None:
+        doc.date, doc.date_from = dated
+    return doc
+
+
 def parse_text(text: str, title: str) -> Doc:
     lines = text.split("\n")
-    return Doc(lines=lines, blocks=paragraphs(lines), title=title)
+    return _with_headers(Doc(lines=lines, blocks=paragraphs(lines), title=title))
 
 
 def parse_rst(text: str, title: str) -> Doc:
@@ -81,7 +123,20 @@ def parse_rst(text: str, title: str) -> Doc:
             continue
         blocks.append(Block("para", i, j))
         i = j + 1
-    return Doc(lines=lines, blocks=blocks, title=title)
+    doc = Doc(lines=lines, blocks=blocks, title=title)
+    if (named := rst_title(blocks)) is not None:
+        retitle(doc, named)
+    return _with_headers(doc)
+
+
+def rst_title(blocks: list[Block]) -> str | None:
+    """The document title, as docutils takes it: the first section title, when its adornment
+    style is used by no other (a lone overlined or underlined title above the sections; a PEP's
+    first heading, 'Abstract', is one of many of its style, and is not)."""
+    heads = [b for b in blocks if b.kind == "heading"]
+    if not heads or sum(1 for b in heads if b.level == heads[0].level) > 1:
+        return None
+    return heads[0].title or None
 
 
 PDFTOTEXT_TIMEOUT = 120  # seconds
@@ -120,6 +175,46 @@ def pdf_text(path: Path, fd: int | None = None) -> list[str]:
     if pages and not pages[-1].strip():
         pages.pop()
     return pages
+
+
+PDF_NO_TITLE = re.compile(r"(untitled|microsoft \w+ - .*|.*\.(docx?|pdf|tex|dvi|odt|rtf|ps))",
+                          re.I)  # what writers put in a PDF's Title for want of one
+
+
+def pdf_info(fd: int) -> dict[str, str]:
+    """A PDF's document information by pdfinfo (Title, CreationDate, ModDate, ...), of the open
+    file `fd`; {} when pdfinfo is missing or fails: the text is indexed all the same."""
+    exe = shutil.which("pdfinfo")
+    if exe is None:
+        return {}
+    try:
+        proc = subprocess.run([exe, "-enc", "UTF-8", "-isodates", f"/dev/fd/{fd}"],
+                              capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                              pass_fds=(fd,))
+    except subprocess.TimeoutExpired:
+        return {}
+    if proc.returncode != 0:
+        return {}
+    out = {}
+    for line in proc.stdout.decode("utf-8", errors="replace").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def with_pdf_info(doc: Doc, info: dict[str, str]) -> Doc:
+    """A PDF's Title (unless it is a placeholder, a file name) is its note's title; its ModDate
+    (else CreationDate) its date."""
+    title = " ".join(info.get("Title", "").split())
+    if title and not PDF_NO_TITLE.fullmatch(title):
+        retitle(doc, title)
+    for key in ("ModDate", "CreationDate"):
+        when = dates.from_pdf(info.get(key, ""))
+        if when is not None:
+            doc.date, doc.date_from = when, f"pdf {key}"
+            break
+    return doc
 
 
 def parse_pdf(pages: list[str], title: str) -> Doc:

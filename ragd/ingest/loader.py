@@ -5,11 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragd import dates
 from ragd.config import Source
 from ragd.ingest import documents, markdown, sources
 from ragd.ingest.markdown import Doc
 
 MARKDOWN = (".md", ".markdown")
+# How files become Docs: another version reads every file again once (runtime._reading), so
+# that what a new parser finds (2: a note's date, a document's title) is in the index.
+PARSER = 2
 SLOW = (".pdf",)  # read through a helper program, which may take seconds: off the main lane
 
 
@@ -34,10 +38,20 @@ def parse(src: Source, rel: str, text: str) -> Doc:
     if text.startswith("\ufeff"):
         text = text[1:]
     if suffix in MARKDOWN:
-        return markdown.parse(text, title, obsidian=src.kind == "obsidian")
-    if suffix == ".rst":
-        return documents.parse_rst(text, title)
-    return documents.parse_text(text, title)
+        doc = markdown.parse(text, title, obsidian=src.kind == "obsidian")
+    elif suffix == ".rst":
+        doc = documents.parse_rst(text, title)
+    else:
+        doc = documents.parse_text(text, title)
+    return _dated(doc, rel)
+
+
+def _dated(doc: Doc, rel: str) -> Doc:
+    """A note that states no date of its own is dated by its file name when it is a daily
+    note's (2024-03-05.md)."""
+    if doc.date is None and (when := dates.from_file_name(Path(rel).name)) is not None:
+        doc.date, doc.date_from = when, "file name"
+    return doc
 
 
 def load(src: Source, rel: str, max_bytes: int) -> Loaded:
@@ -56,7 +70,8 @@ def load(src: Source, rel: str, max_bytes: int) -> Loaded:
                 pages = documents.pdf_text(path, fd=fd)
             except ValueError as e:
                 raise sources.Unreadable(str(e), retry=getattr(e, "retry", False)) from None
-        doc = documents.parse_pdf(pages, title)
+            info = documents.pdf_info(fd)
+        doc = _dated(documents.with_pdf_info(documents.parse_pdf(pages, title), info), rel)
         if not any(p.strip() for p in pages):  # said, or it is silently never found
             doc.warnings.append(f"no text in its {len(pages)} page(s): a scan? ragd reads a "
                                 f"PDF's text, not its images (no OCR)")
@@ -70,4 +85,4 @@ def load(src: Source, rel: str, max_bytes: int) -> Loaded:
         doc = documents.parse_text(content.text, title)
     if content.warning:
         doc.warnings.insert(0, content.warning)
-    return Loaded(doc, content.hash, content.size, content.mtime_ns)
+    return Loaded(_dated(doc, rel), content.hash, content.size, content.mtime_ns)

@@ -8,8 +8,11 @@ searched and embedded is clean_text() of them: Obsidian syntax made readable.
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass, field
+
+from ragd import dates
 
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
@@ -50,9 +53,13 @@ class Doc:
     warnings: list[str] = field(default_factory=list)
     obsidian: bool = False
     pages: list[int] | None = None  # PDFs: the page of each line
+    date: datetime.datetime | None = None  # the note's own date (ragd/dates.py)
+    date_from: str = ""  # where it says so: "frontmatter updated", "file name", ...
 
     def meta(self) -> dict:
         out = {"title": self.title}
+        if self.date is not None:
+            out["date"], out["date_from"] = dates.shown(self.date), self.date_from
         for key in ("aliases", "tags", "links", "embeds", "block_ids", "warnings"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
@@ -215,6 +222,8 @@ def parse(text: str, title: str, obsidian: bool = True) -> Doc:
                     doc.title = fm["title"].strip()
                 doc.aliases = _as_list(fm.get("aliases", fm.get("alias")))
                 doc.tags = [t.lstrip("#") for t in _as_list(fm.get("tags", fm.get("tag")))]
+                if (dated := dates.from_fields(fm, "frontmatter")) is not None:
+                    doc.date, doc.date_from = dated
     doc.blocks = blocks_of(lines, body_start)
     if obsidian:
         _scan_syntax(doc)

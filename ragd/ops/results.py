@@ -4,6 +4,7 @@ titles and scores of the chunks (or notes) ranked, read in the request's snapsho
 
 from __future__ import annotations
 
+import datetime
 import os
 import sqlite3
 from pathlib import Path
@@ -52,7 +53,8 @@ class Results:
                 "source": r["source"], "line_start": r["line_start"], "line_end": r["line_end"],
                 "heading": r["heading"], "score": round(score, 6), "scores": parts,
                 "text": r["text"], "indexed_at": r["indexed_at"],
-                "stale": _changed(path, r["size"], r["mtime_ns"]), "chunk_id": cid,
+                "stale": _changed(path, r["size"], r["mtime_ns"]),
+                **_dated(r), "chunk_id": cid,
             })
             if len(out) == k:
                 break
@@ -106,6 +108,16 @@ class Results:
                 hit = next((b for b in self.p.buffers.active() if b.note_id == f), None)
                 out[f] = hit.title if hit else None
         return out
+
+
+def _dated(row) -> dict:
+    """The date a date filter reads of a result's note (filters.py), and where it is from:
+    {"date": "2024-03-05", "date_from": "frontmatter created"}, or the file's modification
+    time ("file modified") when the note states none."""
+    if row["note_date_ns"] is not None and row["date"] and row["date_from"]:
+        return {"date": row["date"], "date_from": row["date_from"]}
+    when = datetime.datetime.fromtimestamp(row["mtime_ns"] / 1e9)
+    return {"date": when.isoformat(timespec="minutes"), "date_from": "file modified"}
 
 
 def _changed(path, size: int, mtime_ns: int) -> bool:

@@ -10,6 +10,7 @@ import os
 import re
 import time
 
+from ragd import dates
 from ragd import protocol as P
 from ragd.ops import args
 from ragd.ops.parts import Parts
@@ -155,7 +156,9 @@ TIME_LIMIT = 9.2e9  # Unix seconds; x 1e9 stays within SQLite's 64-bit integers
 
 
 def _when(op: str, name: str, value) -> float | None:
-    """A time filter: Unix seconds, or an ISO date / date-time (local time)."""
+    """A time filter: Unix seconds, an ISO date / date-time (local time), or a date relative
+    to today ('today', 'yesterday', '7d', '2w', '3m', '1y': dates.relative). Read here, so
+    that every client takes the same words."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -166,8 +169,11 @@ def _when(op: str, name: str, value) -> float | None:
         if t is None and re.fullmatch(r"[+-]?\d+(\.\d+)?", value.strip()):
             t = float(value)  # Unix seconds as text (ragctl search --since 1700000000)
         if t is None:
-            raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be a date (YYYY-MM-DD), a date-time "
-                          f"or Unix seconds, got {value!r}") from None
+            t = dates.relative(value)
+        if t is None:
+            raise OpError(P.BAD_ARGS, f"{op}: '{name}' must be a date (YYYY-MM-DD), a date-time, "
+                          f"today, yesterday, a time ago (7d, 2w, 3m, 1y) or Unix seconds, "
+                          f"got {value!r}") from None
     else:
         t = float(value)
     if t != t:

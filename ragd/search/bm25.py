@@ -7,11 +7,12 @@ its ranking against rank_bm25 on the same tokens.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from dataclasses import dataclass
 
 from ragd.search.filters import Filters
-from ragd.text import (COMMON_SHARE, NOTE_WEIGHTS, WEIGHTS, WORD, content_terms, doc_freqs,
+from ragd.text import (COMMON_SHARE, NOTE_WEIGHTS, PHRASE, WEIGHTS, content_terms, doc_freqs,
                        fts_parts, names, prune_common, symbol_parts, symbols)
 
 @dataclass
@@ -80,20 +81,43 @@ def _stem(word: str) -> str:
     return w
 
 
+# A text's words as FTS5's unicode61 splits them: '_' parts words too, so that the lines shown
+# are those FTS5 matched ("reverse_proxy" holds the phrase "reverse proxy"; "proxy" is a word
+# of "proxy_pass").
+TOKEN = re.compile(r"[^\W_]+")
+
+
+def _same(word: str, stem: str) -> bool:
+    """Does a text word (stemmed) stand for a query word's stem, as FTS5's porter stems
+    matched them ('reversed' for 'reverse', 'proxies' for 'proxy')?"""
+    return word.startswith(stem) or (len(word) >= 4 and stem.startswith(word))
+
+
 def matching_lines(text: str, line_start: int, query: str) -> list[int]:
-    """The (1-based) lines of a chunk's text holding a content word or a symbol of the
-    query."""
+    """The (1-based) lines of a chunk's text that hold the query's match: each quoted phrase
+    where its words stand in a row (every line of one that runs across lines), a content word
+    of the query, a symbol. A line holding only some words of a phrase does not match it: so
+    a code block is among the lines shown only when the match is in it ("proxy_pass" is no
+    line of "reverse proxy")."""
     stems = {_stem(w) for w in content_terms(query) if not w.startswith('"')}
+    phrases = [[_stem(w) for w in TOKEN.findall(p)] for p in PHRASE.findall(query)]
+    phrases = [p for p in phrases if p]
     signs = set(symbols(query))
-    if not stems and not signs:
+    if not stems and not signs and not phrases:
         return []
-    out = []
-    for i, line in enumerate(text.split("\n")):
-        words = {_stem(w) for w in WORD.findall(line)}
-        if any(any(w.startswith(s) for w in words) for s in stems) or \
+    lines = text.split("\n")
+    out: set[int] = set()
+    if phrases:
+        words = [(i, _stem(w)) for i, line in enumerate(lines) for w in TOKEN.findall(line)]
+        for p in phrases:
+            for at in range(len(words) - len(p) + 1):
+                if all(_same(words[at + j][1], s) for j, s in enumerate(p)):
+                    out.update(range(words[at][0], words[at + len(p) - 1][0] + 1))
+    for i, line in enumerate(lines):
+        if stems and any(_same(_stem(w), s) for w in TOKEN.findall(line) for s in stems) or \
                 any(ch in line for ch in signs):
-            out.append(line_start + i)
-    return out
+            out.add(i)
+    return [line_start + i for i in sorted(out)]
 
 
 def content_match(db: sqlite3.Connection, query: str, filters: Filters | None = None) -> bool:

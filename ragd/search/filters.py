@@ -13,7 +13,10 @@ chunks gets a full list of candidates, not the few that survive a filter after r
   folder; and the form of accented letters (``café`` typed composed finds a file named
   decomposed, as macOS writes it, and the other way round);
 - tag: an Obsidian tag (``#`` optional); a nested tag ``a/b`` matches the filter ``a``;
-- since / before: the file's modification time (Unix seconds), since inclusive.
+- since / before: the note's date (Unix seconds), since inclusive: the date it states
+  (files.note_date_ns: its frontmatter's updated, else date, else created; a document's
+  headers; a daily note's file name; a PDF's metadata: ragd/dates.py), else its file's
+  modification time, which a copy or a sync makes new.
 """
 
 from __future__ import annotations
@@ -74,10 +77,10 @@ class Filters:
                          f"t.value = ? COLLATE NOCASE OR t.value LIKE ? ESCAPE '\\')")
             params += [tag, _like_prefix(tag) + "/%"]
         if self.since is not None:
-            conds.append(f"{f}.mtime_ns >= ?")
+            conds.append(f"COALESCE({f}.note_date_ns, {f}.mtime_ns) >= ?")
             params.append(int(self.since * 1e9))
         if self.before is not None:
-            conds.append(f"{f}.mtime_ns < ?")
+            conds.append(f"COALESCE({f}.note_date_ns, {f}.mtime_ns) < ?")
             params.append(int(self.before * 1e9))
         if self.exclude_files:
             conds.append(f"{f}.id NOT IN ({','.join('?' * len(self.exclude_files))})")
