@@ -395,9 +395,10 @@ class Runtime:
                 res = gc.sweep(db, cfg.gc_grace_hours * 3600)
                 if res.deleted or res.marked:
                     # deleting is news; marking what recent edits left unused is routine
-                    log.log(logging.INFO if res.deleted else logging.DEBUG, "gc: %d cache entries deleted (%d bytes), %d newly unused, %d "
-                             "waiting out the grace period", res.deleted, res.bytes_freed,
-                             res.marked, res.waiting)
+                    log.log(logging.INFO if res.deleted else logging.DEBUG,
+                            "gc: %d cache entries deleted (%d bytes), %d newly unused, %d "
+                            "waiting out the grace period", res.deleted, res.bytes_freed,
+                            res.marked, res.waiting)
                 if res.purged_files:
                     log.info("gc: %d files of sources removed over %.0f h ago deleted",
                              res.purged_files, cfg.gc_grace_hours)

@@ -254,18 +254,18 @@ def _allowed(s: Setting) -> str:
 
 def markdown() -> str:
     """docs/configuration.md: every setting, its default, what a reload does with it."""
-    out = ["# Configuration reference", "",
-           "Generated from ragd/settings.py by `python3 -m ragd.settings --markdown`; "
-           "do not edit by hand (tests/test_config.py checks it). config.toml, the documented "
-           "default file, explains each setting at more length.", "",
-           "ragd reads `--config PATH`, else `$RAGD_CONFIG`, else "
-           "`$XDG_CONFIG_HOME/ragd/config.toml`; without one it runs on these defaults. "
-           "A wrong key or type stops ragd at start-up, and a reload with one is refused, with "
-           "an error naming the key and the file.", "",
-           "*Reload*: `live` is applied by `ragctl reload` (or SIGHUP) at once; `restart` is "
-           "named in the reload's `restart_needed` and takes effect at the next start; "
-           "`live (model switch)` builds the new model's vectors beside the ones in use, which "
-           "answer until the switch is complete.", ""]
+    intro = ("Generated from ragd/settings.py by `python3 -m ragd.settings --markdown`; "
+             "do not edit by hand (tests/test_config.py checks it). config.toml, the documented "
+             "default file, explains each setting at more length.")
+    lookup = ("ragd reads `--config PATH`, else `$RAGD_CONFIG`, else "
+              "`$XDG_CONFIG_HOME/ragd/config.toml`; without one it runs on these defaults. "
+              "A wrong key or type stops ragd at start-up, and a reload with one is refused, "
+              "with an error naming the key and the file.")
+    reload = ("*Reload*: `live` is applied by `ragctl reload` (or SIGHUP) at once; `restart` is "
+              "named in the reload's `restart_needed` and takes effect at the next start; "
+              "`live (model switch)` builds the new model's vectors beside the ones in use, "
+              "which answer until the switch is complete.")
+    out = ["# Configuration reference", "", intro, "", lookup, "", reload, ""]
     for section in SECTIONS:
         out += [f"## [{section}]", "", "| key | default | allowed | reload | what it does |",
                 "|---|---|---|---|---|"]
@@ -275,11 +275,11 @@ def markdown() -> str:
                 out.append(f"| `{s.key}` | `{_shown(s.default)}` | {_allowed(s)} | "
                            f"{_RELOAD_SHOWN[s.reload]} | {doc} |")
         out.append("")
-    out += ["## [[sources]]", "",
-            "One table per folder to index; a reload applies additions, removals and changes "
-            "at once. A reload of a file that names no source while sources are configured is "
-            "refused, unless it says `sources = []`.", "",
-            "| key | default | what it is |", "|---|---|---|"]
+    sources = ("One table per folder to index; a reload applies additions, removals and changes "
+               "at once. A reload of a file that names no source while sources are configured "
+               "is refused, unless it says `sources = []`.")
+    out += ["## [[sources]]", "", sources, "", "| key | default | what it is |",
+            "|---|---|---|"]
     for k in SOURCE_KEYS:
         default = "required" if k.key in ("name", "path") else (
             "by kind" if k.default is None else f"`{_shown(k.default)}`")
