@@ -245,6 +245,8 @@ _RELOAD_SHOWN = {LIVE: "live", RESTART: "restart", MODEL: "live (model switch)"}
 def _allowed(s: Setting) -> str:
     if s.choices:
         return ", ".join(json.dumps(c) for c in s.choices)
+    if s.type is bool:
+        return "true, false"
     if s.high is not None:
         return f"{s.low} to {s.high}"
     if s.low is not None:
@@ -264,7 +266,8 @@ def markdown() -> str:
     reload = ("*Reload*: `live` is applied by `ragctl reload` (or SIGHUP) at once; `restart` is "
               "named in the reload's `restart_needed` and takes effect at the next start; "
               "`live (model switch)` builds the new model's vectors beside the ones in use, "
-              "which answer until the switch is complete.")
+              "which answer until the switch is complete (a model named while it was \"\", "
+              "dense search off, needs a restart).")
     out = ["# Configuration reference", "", intro, "", lookup, "", reload, ""]
     for section in SECTIONS:
         out += [f"## [{section}]", "", "| key | default | allowed | reload | what it does |",
