@@ -1,19 +1,24 @@
 """Reading and checking ragd's configuration.
 
-The documented default configuration is ``config.toml`` at the repository root; every key it
-shows is declared in :data:`SCHEMA` below. Keep the two in step (tests/test_config.py checks
-that the documented file loads and names every key).
+Every setting is declared once, in ragd/settings.py: :class:`Config`'s fields, the check of a
+file's keys, types, choices and bounds, and :data:`SCHEMA` come from there. The documented
+default configuration is ``config.toml`` at the repository root (tests/test_config.py checks
+that it loads, shows exactly the declared keys, and that docs/configuration.md is current).
+
+A Config is immutable: a reload builds a new one and the runtime swaps it in (ragd/runtime.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ragd import protocol
+from ragd.settings import SETTINGS, SOURCE_KEYS, Setting
 
 
 class ConfigError(Exception):
@@ -26,102 +31,13 @@ class ReloadError(Exception):
 
 
 SOURCE_KINDS = ("obsidian", "folder")
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
-# table -> key -> (type, default). A default of None means "computed" (see resolve_paths).
-SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
-    "daemon": {
-        "data_dir": (str, ""),
-        "socket": (str, ""),
-        "log_level": (str, "info"),
-        "max_connections": (int, 256),
-    },
-    "index": {
-        "chunk_tokens": (int, 0),
-        "chunk_overlap": (int, 48),
-        "max_file_bytes": (int, 10 * 1024 * 1024),
-    },
-    "search": {
-        "k": (int, 10),
-        "candidates": (int, 100),
-        "mode": (str, "hybrid"),
-        "rrf_k": (int, 60),
-        "fusion": (str, "convex"),
-        "vector_share": (float, 0.6),
-        "note_weight": (float, 0.25),
-        "feedback_chunks": (int, 5),
-        "feedback_weight": (float, 0.5),
-        "min_similarity": (float, -1.0),
-        "rerank": (bool, True),
-        "bm25_index": (str, "tantivy"),
-    },
-    "engines": {
-        "llama_server": (str, ""),
-        "threads": (int, 2),
-        "startup_timeout": (float, 60.0),
-        "max_restarts": (int, 5),
-        "restart_window": (float, 300.0),
-        "health_interval": (float, 30.0),
-        "failed_retry": (float, 300.0),
-    },
-    "embedding": {
-        "model": (str, "all-MiniLM-L6-v2"),
-        "pooling": (str, ""),
-        "query_prefix": (str, None),
-        "doc_prefix": (str, None),
-        "batch_tokens": (int, 1024),
-        "vector_dtype": (str, "float32"),
-        "query_engine": (bool, True),
-        "ann_threshold": (int, 50000),
-    },
-    "models": {
-        "hub_url": (str, ""),
-    },
-    "gc": {
-        "grace_hours": (float, 24.0),
-        "interval_hours": (float, 1.0),
-    },
-    "watch": {
-        "enabled": (bool, True),
-        "quiet_ms": (int, 250),
-        "scan_interval": (float, 600.0),
-        "unwatched_scan_interval": (float, 30.0),
-    },
-    "buffers": {
-        "max_per_client": (int, 16),
-    },
-    "reranker": {
-        "model": (str, ""),
-        "pooling": (str, ""),
-        "top": (int, 20),
-        "budget_ms": (int, 4000),
-    },
-    "store": {
-        "backend": (str, "sqlite"),
-        "uri": (str, ""),
-        "collection": (str, "ragd"),
-        "token": (str, ""),
-    },
-    "generator": {
-        "model": (str, ""),
-        "context": (int, 4096),
-        "max_tokens": (int, 512),
-        "notes": (int, 6),
-        "temperature": (float, 0.0),
-    },
-}
-SEARCH_MODES = ("hybrid", "vector", "bm25")
-FUSIONS = ("convex", "rrf")
-STORE_BACKENDS = ("sqlite", "milvus")
-BM25_INDEXES = ("tantivy", "fts5")
-POOLINGS = ("", "mean", "cls", "last", "rank", "none")
-SOURCE_SCHEMA: dict[str, tuple[type | tuple[type, ...], Any]] = {
-    "name": (str, None),
-    "path": (str, None),
-    "kind": (str, "folder"),
-    "include": (list, None),
-    "exclude": (list, []),
-}
+# table -> key -> (type, default), derived from the settings. A default of None means
+# "computed" (the registry's prefixes).
+SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {}
+for _s in SETTINGS:
+    SCHEMA.setdefault(_s.section, {})[_s.key] = (_s.type, _s.default)
+SOURCE_SCHEMA: dict[str, tuple[type, Any]] = {k.key: (k.type, k.default) for k in SOURCE_KEYS}
 DEFAULT_INCLUDE = {
     "obsidian": ["**/*.md"],
     "folder": ["**/*.md", "**/*.markdown", "**/*.txt", "**/*.rst", "**/*.pdf"],
@@ -137,68 +53,8 @@ class Source:
     exclude: tuple[str, ...]
 
 
-@dataclass
-class Config:
-    path: Path | None
-    data_dir: Path
-    socket: Path
-    log_level: str = "info"
-    max_connections: int = 256
-    chunk_tokens: int = 256
-    chunk_overlap: int = 48
-    max_file_bytes: int = 10 * 1024 * 1024
-    search_k: int = 10
-    search_candidates: int = 100
-    search_mode: str = "hybrid"
-    rrf_k: int = 60
-    fusion: str = "convex"
-    vector_share: float = 0.6
-    note_weight: float = 0.25
-    feedback_chunks: int = 5
-    feedback_weight: float = 0.5
-    min_similarity: float = -1.0
-    rerank: bool = True
-    bm25_index: str = "tantivy"
-    llama_server: str = ""
-    engine_threads: int = 2
-    engine_startup_timeout: float = 60.0
-    engine_max_restarts: int = 5
-    engine_restart_window: float = 300.0
-    engine_health_interval: float = 30.0
-    engine_failed_retry: float = 300.0
-    embedding_model: str = "all-MiniLM-L6-v2"
-    embedding_pooling: str = ""
-    embedding_query_prefix: str | None = None
-    embedding_doc_prefix: str | None = None
-    embed_batch_tokens: int = 1024
-    vector_dtype: str = "float32"
-    query_engine: bool = True
-    ann_threshold: int = 50000
-    max_buffers_per_client: int = 16
-    reranker_model: str = ""
-    reranker_pooling: str = ""
-    rerank_top: int = 20
-    rerank_budget_ms: int = 4000
-    generator_model: str = ""
-    generator_context: int = 4096
-    generator_max_tokens: int = 512
-    generator_notes: int = 6
-    generator_temperature: float = 0.0
-    hub_url: str = ""
-    store_backend: str = "sqlite"
-    store_uri: str = ""
-    store_collection: str = "ragd"
-    store_token: str = ""
-    gc_grace_hours: float = 24.0
-    gc_interval_hours: float = 1.0
-    watch: bool = True
-    watch_quiet_ms: int = 250
-    scan_interval: float = 600.0
-    unwatched_scan_interval: float = 30.0
-    sources: list[Source] = field(default_factory=list)
-    # Does the file say which sources there are (`[[sources]]` tables, or `sources = []`)? A
-    # file that says nothing of them (empty, cut short) is no reason to remove them all.
-    sources_listed: bool = False
+class _ConfigMethods:
+    """What a Config says beyond its fields (its paths, its sources)."""
 
     def pooling_for(self, role: str) -> str | None:
         return {"embedding": self.embedding_pooling,
@@ -238,6 +94,27 @@ class Config:
                 f"is indexed, and found, twice (exclude it from {b.name!r}, or remove one)"
                 for a, ra in roots for b, rb in roots
                 if a is not b and ra.is_relative_to(rb) and (ra != rb or a.name > b.name)]
+
+
+def _field_type(s: Setting):
+    if s.field in ("data_dir", "socket"):  # "" in the file: resolved to a path
+        return Path
+    return s.type if s.default is not None else s.type | None
+
+
+# The settings' fields (see ragd/settings.py for each one's key, default and doc), the file it
+# was read from, and its sources. Only from_dict builds one; a reload, dataclasses.replace.
+Config = dataclasses.make_dataclass(
+    "Config",
+    [("path", Path | None), *[(s.field, _field_type(s)) for s in SETTINGS],
+     ("sources", tuple[Source, ...], dataclasses.field(default=())),
+     # Does the file say which sources there are (`[[sources]]` tables, or `sources = []`)? A
+     # file that says nothing of them (empty, cut short) is no reason to remove them all.
+     ("sources_listed", bool, dataclasses.field(default=False))],
+    bases=(_ConfigMethods,), frozen=True, kw_only=True,
+    namespace={"__doc__": "A checked configuration, immutable (ragd/settings.py declares "
+                          "its fields)."})
+Config.__module__ = __name__  # (make_dataclass takes a module= only from Python 3.12)
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
@@ -284,7 +161,6 @@ def load(cli_path: str | os.PathLike | None = None, env=os.environ,
 
 def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) -> Config:
     where = str(path) if path else "built-in defaults"
-    values: dict[str, dict[str, Any]] = {}
     for key in raw:
         if key not in SCHEMA and key != "sources":
             raise ConfigError(f"{where}: unknown key '{key}' (known: "
@@ -296,56 +172,21 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
             if key not in keys:
                 raise ConfigError(f"{where}: unknown key '{table}.{key}' (known: "
                                   f"{', '.join(f'{table}.{k}' for k in keys)})")
-        values[table] = {}
-        for key, (typ, default) in keys.items():
-            value = given.get(key, default)
-            if value is not None:  # None: absent and computed later (e.g. registry prefixes)
-                _check(where, f"{table}.{key}", value, typ)
-                if typ is float:
-                    value = float(value)
-            values[table][key] = value
-
-    d = values["daemon"]
-    if d["log_level"] not in LOG_LEVELS:
-        raise ConfigError(f"{where}: daemon.log_level must be one of {', '.join(LOG_LEVELS)}, "
-                          f"got {d['log_level']!r}")
-    for table, key, allowed in (("search", "mode", SEARCH_MODES),
-                                ("search", "fusion", FUSIONS),
-                                ("embedding", "vector_dtype", ("float32", "float16")),
-                                ("embedding", "pooling", POOLINGS),
-                                ("reranker", "pooling", POOLINGS)):
-        if values[table][key] not in allowed:
-            raise ConfigError(f"{where}: {table}.{key} must be one of "
-                              f"{', '.join(repr(a) for a in allowed)}, got {values[table][key]!r}")
-    for table, key, low in (("daemon", "max_connections", 1), ("index", "chunk_tokens", 0),
-                            ("index", "chunk_overlap", 0),
-                            ("index", "max_file_bytes", 1), ("search", "k", 1),
-                            ("search", "candidates", 1), ("search", "rrf_k", 1),
-                            ("search", "feedback_chunks", 0),
-                            ("search", "feedback_weight", 0),
-                            ("engines", "threads", 1), ("engines", "startup_timeout", 1),
-                            ("engines", "max_restarts", 1), ("engines", "restart_window", 1),
-                            ("engines", "health_interval", 0.5),
-                            ("engines", "failed_retry", 1),
-                            ("buffers", "max_per_client", 1),
-                            ("embedding", "ann_threshold", 0),
-                            ("embedding", "batch_tokens", 1), ("reranker", "top", 1),
-                            ("reranker", "budget_ms", 1), ("watch", "quiet_ms", 0),
-                            ("generator", "context", 512), ("generator", "max_tokens", 1),
-                            ("generator", "notes", 1), ("generator", "temperature", 0),
-                            ("gc", "grace_hours", 0), ("gc", "interval_hours", 0.01),
-                            ("watch", "scan_interval", 1),
-                            ("watch", "unwatched_scan_interval", 1)):
-        if values[table][key] < low:
-            raise ConfigError(f"{where}: {table}.{key} must be at least {low}, "
-                              f"got {values[table][key]}")
-    if not 0.0 <= values["search"]["vector_share"] <= 1.0:
-        raise ConfigError(f"{where}: search.vector_share must be between 0 and 1, "
-                          f"got {values['search']['vector_share']}")
-    if not 0.0 <= values["search"]["note_weight"] <= 10.0:
-        raise ConfigError(f"{where}: search.note_weight must be between 0 and 10, "
-                          f"got {values['search']['note_weight']}")
-    data_dir, sock = protocol.resolve_paths(d, env)
+    # field -> value; types first, for every key, then each setting's choices and bounds
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        value = raw.get(s.section, {}).get(s.key, s.default)
+        if value is not None:  # None: absent and computed later (e.g. registry prefixes)
+            _check(where, s.name, value, s.type)
+            if s.type is float:
+                value = float(value)
+        values[s.field] = value
+    for s in SETTINGS:
+        if values[s.field] is not None and (why := s.problem(values[s.field])):
+            raise ConfigError(f"{where}: {why}")
+    v = values
+    data_dir, sock = protocol.resolve_paths({"data_dir": v["data_dir"], "socket": v["socket"]},
+                                            env)
     if len(os.fsencode(sock)) > 100:
         raise ConfigError(f"{where}: daemon.socket: path {sock} is too long for a Unix socket "
                           f"(at most 100 bytes); set a shorter one")
@@ -361,59 +202,19 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
             raise ConfigError(f"{where}: two sources are named {s.name!r}; names must be unique")
         seen.add(s.name)
 
-    if values["engines"]["llama_server"]:
-        _existing_file(where, "engines.llama_server", values["engines"]["llama_server"])
-    se, en, em, rr = values["search"], values["engines"], values["embedding"], values["reranker"]
-    ge, st = values["generator"], values["store"]
-    if st["backend"] not in STORE_BACKENDS:
-        raise ConfigError(f"{where}: store.backend must be one of {', '.join(STORE_BACKENDS)}, "
-                          f"got {st['backend']!r}")
-    if se["bm25_index"] not in BM25_INDEXES:
-        raise ConfigError(f"{where}: search.bm25_index must be one of {', '.join(BM25_INDEXES)}, "
-                          f"got {se['bm25_index']!r}")
-    if not st["collection"].replace("_", "").isalnum() or not st["collection"][:1].isalpha():
+    if v["llama_server"]:
+        _existing_file(where, "engines.llama_server", v["llama_server"])
+    collection = v["store_collection"]
+    if not collection.replace("_", "").isalnum() or not collection[:1].isalpha():
         raise ConfigError(f"{where}: store.collection must be letters, digits and _, starting "
-                          f"with a letter; got {st['collection']!r}")
-    if ge["max_tokens"] >= ge["context"]:
-        raise ConfigError(f"{where}: generator.max_tokens ({ge['max_tokens']}) must be smaller "
-                          f"than generator.context ({ge['context']}): the prompt needs room too")
-    return Config(path=path, data_dir=data_dir, socket=sock, log_level=d["log_level"],
-                  max_connections=d["max_connections"],
-                  chunk_tokens=values["index"]["chunk_tokens"] or _auto_budget(
-                      values["embedding"]["model"]),
-                  chunk_overlap=values["index"]["chunk_overlap"],
-                  max_file_bytes=values["index"]["max_file_bytes"],
-                  search_k=se["k"], search_candidates=se["candidates"], search_mode=se["mode"],
-                  rrf_k=se["rrf_k"], fusion=se["fusion"], vector_share=se["vector_share"],
-                  note_weight=se["note_weight"],
-                  feedback_chunks=se["feedback_chunks"],
-                  feedback_weight=se["feedback_weight"], min_similarity=se["min_similarity"],
-                  rerank=se["rerank"],
-                  bm25_index=se["bm25_index"],
-                  llama_server=en["llama_server"], engine_threads=en["threads"],
-                  engine_startup_timeout=en["startup_timeout"],
-                  engine_max_restarts=en["max_restarts"],
-                  engine_restart_window=en["restart_window"],
-                  engine_health_interval=en["health_interval"],
-                  engine_failed_retry=en["failed_retry"],
-                  embedding_model=em["model"], embedding_pooling=em["pooling"],
-                  embedding_query_prefix=em["query_prefix"], embedding_doc_prefix=em["doc_prefix"],
-                  embed_batch_tokens=em["batch_tokens"], vector_dtype=em["vector_dtype"],
-                  query_engine=em["query_engine"], ann_threshold=em["ann_threshold"],
-                  max_buffers_per_client=values["buffers"]["max_per_client"],
-                  reranker_model=rr["model"], reranker_pooling=rr["pooling"], rerank_top=rr["top"],
-                  rerank_budget_ms=rr["budget_ms"], hub_url=values["models"]["hub_url"],
-                  generator_model=ge["model"], generator_context=ge["context"],
-                  generator_max_tokens=ge["max_tokens"], generator_notes=ge["notes"],
-                  generator_temperature=ge["temperature"],
-                  store_backend=st["backend"], store_uri=st["uri"],
-                  store_collection=st["collection"], store_token=st["token"],
-                  gc_grace_hours=values["gc"]["grace_hours"],
-                  gc_interval_hours=values["gc"]["interval_hours"],
-                  watch=values["watch"]["enabled"], watch_quiet_ms=values["watch"]["quiet_ms"],
-                  scan_interval=values["watch"]["scan_interval"],
-                  unwatched_scan_interval=values["watch"]["unwatched_scan_interval"],
-                  sources=sources, sources_listed="sources" in raw)
+                          f"with a letter; got {collection!r}")
+    if v["generator_max_tokens"] >= v["generator_context"]:
+        raise ConfigError(f"{where}: generator.max_tokens ({v['generator_max_tokens']}) must be "
+                          f"smaller than generator.context ({v['generator_context']}): the "
+                          f"prompt needs room too")
+    v.update(data_dir=data_dir, socket=sock,
+             chunk_tokens=v["chunk_tokens"] or _auto_budget(v["embedding_model"]))
+    return Config(path=path, **v, sources=tuple(sources), sources_listed="sources" in raw)
 
 
 def _auto_budget(model: str) -> int:

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 
-from ragd import __version__, config
+from ragd import __version__, config, settings
 from ragd.engines.manager import Engines
 from ragd.events import EventBus
 from ragd.index import gc, milvus, store, textindex
@@ -34,44 +34,12 @@ from ragd.server import Server
 
 log = logging.getLogger("ragd")
 
-# Config fields a reload applies at once. Sources are handled apart; everything else needs a
-# restart (RESTART), and a reload says so.
-# The settings a reload applies at once: field -> its name in the config file (said in the
-# reload's reply, as restart_needed names those it cannot)
-LIVE = {"search_k": "search.k", "search_candidates": "search.candidates",
-        "search_mode": "search.mode", "rrf_k": "search.rrf_k", "fusion": "search.fusion",
-        "vector_share": "search.vector_share", "note_weight": "search.note_weight",
-        "feedback_chunks": "search.feedback_chunks", "feedback_weight": "search.feedback_weight",
-        "min_similarity": "search.min_similarity", "rerank": "search.rerank",
-        "rerank_top": "reranker.top", "rerank_budget_ms": "reranker.budget_ms",
-        "hub_url": "models.hub_url", "max_buffers_per_client": "buffers.max_per_client",
-        "gc_grace_hours": "gc.grace_hours", "gc_interval_hours": "gc.interval_hours",
-        "watch_quiet_ms": "watch.quiet_ms", "scan_interval": "watch.scan_interval",
-        "unwatched_scan_interval": "watch.unwatched_scan_interval",
-        "max_file_bytes": "index.max_file_bytes", "chunk_tokens": "index.chunk_tokens",
-        "chunk_overlap": "index.chunk_overlap", "log_level": "daemon.log_level",
-        "generator_max_tokens": "generator.max_tokens", "generator_notes": "generator.notes",
-        "generator_temperature": "generator.temperature"}
-RESTART = {"data_dir": "daemon.data_dir", "socket": "daemon.socket",
-           "max_connections": "daemon.max_connections", "llama_server": "engines.llama_server",
-           "engine_threads": "engines.threads", "engine_startup_timeout": "engines.startup_timeout",
-           "engine_max_restarts": "engines.max_restarts",
-           "engine_restart_window": "engines.restart_window",
-           "engine_health_interval": "engines.health_interval",
-           "engine_failed_retry": "engines.failed_retry",
-           "embed_batch_tokens": "embedding.batch_tokens",
-           "vector_dtype": "embedding.vector_dtype", "query_engine": "embedding.query_engine",
-           "ann_threshold": "embedding.ann_threshold",
-           "reranker_model": "reranker.model",
-           "reranker_pooling": "reranker.pooling", "watch": "watch.enabled",
-           "generator_model": "generator.model", "generator_context": "generator.context",
-           "store_backend": "store.backend", "store_uri": "store.uri",
-           "store_collection": "store.collection", "bm25_index": "search.bm25_index",
-           "store_token": "store.token"}
-
-
-MODEL_FIELDS = ("embedding_model", "embedding_pooling", "embedding_query_prefix",
-                "embedding_doc_prefix")
+# Config field -> the setting's name in the file (said in the reload's reply), by what a reload
+# does with it: applies it (LIVE), says it needs a restart (RESTART, in restart_needed), or
+# switches the embedding model (MODEL_FIELDS). Sources are handled apart.
+LIVE = settings.fields(settings.LIVE)
+RESTART = settings.fields(settings.RESTART)
+MODEL_FIELDS = tuple(settings.fields(settings.MODEL))
 
 
 class Runtime:
@@ -230,26 +198,38 @@ class Runtime:
         switch under way, the model in use serves and this one is built beside it."""
         self.embedding.start(model)
 
-    def _change_model(self, cfg, new) -> tuple[str, str | None]:
-        """The configured embedding model changed: switch to it without downtime. Returns
-        (what happens, why the new model cannot be used or None). A model that cannot be used
-        (no such file or registry name, a download failing) is not taken: the config in force
-        keeps the model in use, and a reload tries the file's again."""
+    def _new_model(self, cfg, new):
+        """The configured embedding model changed while one is in use: can the file's be used?
+        Returns (the resolved model or None, why it cannot be used or None). A model that
+        cannot be used (no such file or registry name, a download failing) is not taken: the
+        config in force keeps the model in use, and a reload tries the file's again."""
         if not new.embedding_model:
-            for field in MODEL_FIELDS:
-                setattr(cfg, field, getattr(new, field))
-            return "embedding.model is now empty: a restart turns dense search off", None
+            return None, None
         try:
-            model = self.engines.resolve_embedding(
+            return self.engines.resolve_embedding(
                 new.embedding_model, new.embedding_pooling, new.embedding_query_prefix,
-                new.embedding_doc_prefix)
+                new.embedding_doc_prefix), None
         except Exception as e:
             log.warning("the embedding model %r cannot be used (%s): %r stays",
                         new.embedding_model, e, cfg.embedding_model)
-            return f"the new embedding model cannot be used ({e}); the one in use stays", str(e)
-        for field in MODEL_FIELDS:
-            setattr(cfg, field, getattr(new, field))
-        return self.embedding.change(model, cfg.embedding_model), None
+            return None, str(e)
+
+    def _holders(self) -> list:
+        """Every long-lived part that reads the config: the runtime, the parts the ops read
+        (Parts) and each part the runtime or Parts holds that has a `cfg` (engines, embedding,
+        indexer, buffers, searcher); found, not listed, so a new part is not missed."""
+        found = {id(self): self, id(self.parts): self.parts}
+        for part in [*vars(self).values(), *vars(self.parts).values()]:
+            if isinstance(getattr(part, "cfg", None), config.Config):
+                found.setdefault(id(part), part)
+        return list(found.values())
+
+    def _swap(self, cfg) -> None:
+        """The config in force is now `cfg` (under the reload lock). Each holder's is replaced
+        whole, never changed in place: a request reads one config or the other, each
+        consistent (one that needs several settings together takes `cfg` once)."""
+        for part in self._holders():
+            part.cfg = cfg
 
     # -- reloading --------------------------------------------------------------------------------
 
@@ -272,8 +252,8 @@ class Runtime:
                     f"table")
             restart = sorted(key for field, key in RESTART.items()
                              if getattr(cfg, field) != getattr(new, field))
-            model_changed = [getattr(cfg, f) != getattr(new, f) for f in MODEL_FIELDS]
-            if any(model_changed) and not cfg.embedding_model:
+            model_changed = any(getattr(cfg, f) != getattr(new, f) for f in MODEL_FIELDS)
+            if model_changed and not cfg.embedding_model:
                 restart.append("embedding.model")  # dense search was off: a restart starts it
             rechunk = (cfg.chunk_tokens, cfg.chunk_overlap) != (new.chunk_tokens,
                                                                  new.chunk_overlap)
@@ -290,18 +270,31 @@ class Runtime:
             renamed = [[o, n] for o in removed for n in added if old[o].root == now[n].root]
             missing = [n for n in added + moved if not now[n].root.is_dir()]
             applied = [key for f, key in LIVE.items() if getattr(cfg, f) != getattr(new, f)]
-            for field in LIVE:
-                setattr(cfg, field, getattr(new, field))
-            model_note = model_error = None
-            if any(model_changed) and cfg.embedding_model:
-                model_note, model_error = self._change_model(cfg, new)
+            # the config in force: the file's live settings and sources, the restart settings
+            # as they were started with (the reply names those that differ)
+            take = {f: getattr(new, f) for f in LIVE}
+            switch = model_changed and bool(cfg.embedding_model)
+            model = model_error = None
+            if switch:
+                model, model_error = self._new_model(cfg, new)
+                if model_error is None:
+                    take.update({f: getattr(new, f) for f in MODEL_FIELDS})
+            said = set(cfg.overlaps)
+            cfg = dataclasses.replace(cfg, **take, path=new.path, sources=new.sources,
+                                      sources_listed=new.sources_listed)
+            self._swap(cfg)
+            model_note = None
+            if model_error is not None:
+                model_note = (f"the new embedding model cannot be used ({model_error}); the one "
+                              f"in use stays")
+            elif switch and not cfg.embedding_model:
+                model_note = "embedding.model is now empty: a restart turns dense search off"
+            elif switch:
+                model_note = self.embedding.change(model, cfg.embedding_model)
             elif cfg.embedding_model and "embedding" in self.engines.errors \
                     and self.embedding.active is None:
                 # its preparation failed (no network, no file yet): a reload tries it again
                 model_note = self.engines.prepare_embedding()
-            cfg.path = new.path
-            said = set(cfg.overlaps)
-            cfg.sources = new.sources
             for overlap in cfg.overlaps:
                 if overlap not in said:
                     log.warning("%s", overlap)
@@ -396,16 +389,18 @@ class Runtime:
     def _schedule_gc(self, first: float) -> None:
         """Sweep the embedding cache every [gc] interval_hours, as a job of the indexer (the
         index's writer)."""
-        indexer, cfg = self.indexer, self.cfg
+        indexer = self.indexer
 
         def sweep(db) -> None:
+            cfg = self.cfg  # read at each sweep: a reload may have swapped it
             try:
                 res = gc.sweep(db, cfg.gc_grace_hours * 3600)
                 if res.deleted or res.marked:
                     # deleting is news; marking what recent edits left unused is routine
-                    log.log(logging.INFO if res.deleted else logging.DEBUG, "gc: %d cache entries deleted (%d bytes), %d newly unused, %d "
-                             "waiting out the grace period", res.deleted, res.bytes_freed,
-                             res.marked, res.waiting)
+                    log.log(logging.INFO if res.deleted else logging.DEBUG,
+                            "gc: %d cache entries deleted (%d bytes), %d newly unused, %d "
+                            "waiting out the grace period", res.deleted, res.bytes_freed,
+                            res.marked, res.waiting)
                 if res.purged_files:
                     log.info("gc: %d files of sources removed over %.0f h ago deleted",
                              res.purged_files, cfg.gc_grace_hours)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
+import tomllib
 import sys
 from pathlib import Path
 
 import pytest
 
-from ragd import config, protocol
+from ragd import config, protocol, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,8 +21,7 @@ def test_documented_config_is_the_builtin_default(tmp_path):
     documented = config.load(ROOT / "config.toml", env=env)
     builtin = config.from_dict({}, None, env=env)
     assert documented.path is not None and builtin.path is None
-    documented.path = None
-    assert documented == builtin
+    assert dataclasses.replace(documented, path=None) == builtin
 
 
 def test_the_packaged_default_is_the_documented_config():
@@ -156,3 +157,54 @@ def test_a_reload_names_settings_as_the_config_file_does():
         table, key = name.split(".", 1)
         assert key in config.SCHEMA.get(table, {}), name
     assert set(runtime.LIVE).isdisjoint(runtime.RESTART)
+
+
+def test_the_configuration_reference_is_generated_from_the_settings():
+    """docs/configuration.md is `python3 -m ragd.settings --markdown`: edited by hand, or a
+    setting declared without regenerating it, and this fails."""
+    r = subprocess.run([sys.executable, "-m", "ragd.settings", "--markdown"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30, check=True)
+    assert (ROOT / "docs" / "configuration.md").read_text() == r.stdout, \
+        "run: python3 -m ragd.settings --markdown > docs/configuration.md"
+    for s in settings.SETTINGS:
+        assert f"| `{s.key}` |" in r.stdout, s.name
+
+
+def test_config_toml_shows_exactly_the_declared_settings_with_their_defaults():
+    """Every key of the documented file is declared, every declared key is in it (those
+    computed when absent as a commented-out line), and each value is the declared default."""
+    text = (ROOT / "config.toml").read_text()
+    shown = tomllib.loads(text)
+    assert shown.pop("sources", None) is None  # (examples only, commented out)
+    declared = {(s.section, s.key): s for s in settings.SETTINGS}
+    given = {(table, key): value for table, keys in shown.items() for key, value in keys.items()}
+    computed = {name for name, s in declared.items() if s.default is None}
+    assert set(given) == set(declared) - computed
+    for (table, key), value in given.items():
+        default = declared[table, key].default
+        assert value == default and type(value) is type(default), f"{table}.{key} = {value!r}"
+    for table, key in computed:
+        assert re.search(rf"^# {key} = ", text, re.M), f"{table}.{key} is not shown"
+
+
+def test_every_setting_is_declared_once_with_sound_bounds():
+    names = [s.name for s in settings.SETTINGS]
+    fields = [s.field for s in settings.SETTINGS]
+    assert len(set(names)) == len(names) and len(set(fields)) == len(fields)
+    for s in settings.SETTINGS:
+        assert s.reload in (settings.LIVE, settings.RESTART, settings.MODEL), s.name
+        assert s.doc and len(s.doc) < 200, s.name
+        if s.default is not None:
+            assert s.problem(s.default) is None, s.name
+            assert isinstance(s.default, s.type), s.name
+        if s.high is not None:
+            assert s.low is not None and s.low < s.high, s.name
+
+
+def test_a_config_is_immutable():
+    """A reload builds a new config and swaps it in (ragd/runtime.py): none is changed in
+    place while request threads read it."""
+    cfg = config.from_dict({}, None, {"XDG_DATA_HOME": "/tmp/x"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.search_k = 3
+    assert isinstance(cfg.sources, tuple)

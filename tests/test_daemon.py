@@ -229,6 +229,45 @@ def test_a_refused_reload_is_logged_and_changes_nothing(make_daemon, tmp_path):
         d.call("reload")
 
 
+def test_a_reload_reaches_every_part_that_reads_the_config(make_daemon, tmp_path):
+    """A reload swaps in a new config (it is immutable): the ops (search.k), the ranking
+    (search.note_weight), the indexer (index.max_file_bytes) and the editors' buffers
+    (buffers.max_per_client) each read the new one; a restart setting is only named."""
+    root = tmp_path / "n"
+    root.mkdir()
+    for i in range(6):
+        (root / f"quokka {i}.md").write_text(f"# Quokka {i}\n\nA quokka note, number {i}.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])
+    with d:
+        d.wait_idle()
+        before = d.call("search", query="quokka")["results"]
+        assert len(before) == 6
+        with d.client() as editor:
+            editor.call("buffer_set", path=str(root / "quokka 0.md"), text="# Q\n\nquokka\n")
+            editor.call("buffer_set", path=str(root / "quokka 1.md"), text="# Q\n\nquokka\n")
+        d.config.write_text(d.config.read_text() + "\n[search]\nk = 2\nnote_weight = 0.0\n"
+                            "[index]\nmax_file_bytes = 200\n[buffers]\nmax_per_client = 1\n"
+                            "[engines]\nthreads = 1\n")
+        res = d.call("reload")
+        assert set(res["applied"]) == {"search.k", "search.note_weight", "index.max_file_bytes",
+                                       "buffers.max_per_client"}
+        assert res["restart_needed"] == ["engines.threads"]
+        after = d.call("search", query="quokka")["results"]
+        assert len(after) == 2  # the ops' default k
+        # the note's whole-text score no longer counts: the ranking's own config is the new one
+        score = {h["path"]: h["score"] for h in before}
+        assert all(h["score"] < score[h["path"]] for h in after)
+        (root / "big.md").write_text("# Big\n\nquokka wombat " + "words " * 100 + "\n")
+        d.wait_idle()
+        assert d.call("search", query="wombat")["results"] == []  # skipped: over 200 bytes
+        with d.client() as editor:
+            editor.call("buffer_set", path=str(root / "quokka 0.md"), text="# Q\n\nquokka\n")
+            with pytest.raises(P.DaemonError) as e:
+                editor.call("buffer_set", path=str(root / "quokka 1.md"), text="# Q\n")
+            assert "max_per_client = 1" in e.value.message
+        assert d.call("status")["pid"] == d.proc.pid
+
+
 def test_second_daemon_is_refused_with_pid(make_daemon, tmp_path):
     with make_daemon() as d:
         second = subprocess.run([sys.executable, "-m", "ragd", "--config", str(d.config)],

@@ -1,6 +1,6 @@
 """The running parts the ops read, built by the Runtime and handed in (ragd/runtime.py): one
-record, so that every family of ops sees the same ones, and a reload swaps the config in one
-place for them all.
+record, so that every family of ops sees the same ones. A reload replaces `cfg` whole, here
+and in every other part that holds one (Runtime._swap); it is never changed in place.
 """
 
 from __future__ import annotations
