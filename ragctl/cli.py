@@ -558,6 +558,49 @@ def do_search(args) -> int:
     return 0 if res["results"] else 1  # as grep: 1 when nothing was found
 
 
+def do_related(args) -> int:
+    """The notes closest in meaning to a note (or a text), in search's output forms."""
+    if (args.note is None) == (args.text is None):
+        raise Fail("related: give a note's PATH or --text TEXT" +
+                   (", not both" if args.note is not None else ""), 2)
+    kw = {"text": args.text} if args.text is not None else \
+        {"path": os.path.abspath(os.path.expanduser(args.note))}
+    if args.k is not None:
+        kw["k"] = args.k
+    res = call(args, "related", timeout=90, **kw)
+    what = _one_line(res.get("of") or args.note or "the text given")
+
+    def human(res):
+        cover = res.get("vector_coverage")
+        if cover is not None and cover < 1:  # on stderr: stdout holds the results alone
+            pct = 100 * cover
+            shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
+            print(f"(vectors cover {shown} of the index so far: notes not embedded yet are not "
+                  f"compared)", file=sys.stderr)
+        if not res["results"]:  # (with -l, stdout holds nothing but paths)
+            print(f"no related notes ({res.get('reason') or 'none found'})",
+                  file=sys.stderr if args.paths else sys.stdout)
+        if args.paths:
+            for r in res["results"]:
+                print(_jump(r))
+            return
+        for i, r in enumerate(res["results"], 1):
+            title = _one_line(r.get("title") or Path(r["path"]).stem)
+            head = _one_line(r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else "")
+            frm = r.get("link", {}).get("from") or {}
+            near = (f"  (close to lines {frm['line_start']}-{frm['line_end']} of {what})"
+                    if frm else "")
+            print(f"{i:>2}. {title}{' — ' + head if head else ''}  [{r['score']:.3f}]{near}")
+            print(f"    {_jump(r)}")
+            lines = r["text"].split("\n")
+            shown = [(r["line_start"] + n, ln) for n, ln in enumerate(lines) if ln.strip()][:2]
+            for n, text in shown:
+                print(f"    {n:>5}: {_excerpt(_one_line(text.strip()), [])}")
+
+    emit(args, res, human)
+    return 0 if res["results"] else 1  # as grep: 1 when nothing was found
+
+
 def do_ask(args) -> int:
     """A grounded answer from the notes, streamed as it comes, then its sources."""
     question = " ".join(args.question)
@@ -1162,6 +1205,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-l", "--paths", action="store_true",
                    help="print only each result's path:line, one per line (for scripts)")
     p.set_defaults(func=do_search)
+    p = sub.add_parser("related", parents=[common],
+                       help="the notes closest in meaning to a note, or to a text (needs "
+                            "[embedding])")
+    p.add_argument("note", nargs="?", metavar="PATH",
+                   help="a note inside a source (its unsaved editor buffer counts, if any)")
+    p.add_argument("--text", metavar="TEXT",
+                   help="a passage instead of a note: the notes closest to it")
+    p.add_argument("-k", type=int, help="number of notes (1-100, default 10)")
+    p.add_argument("-l", "--paths", action="store_true",
+                   help="print only each note's path:line, one per line (for scripts)")
+    p.set_defaults(func=do_related)
     p = sub.add_parser("ask", parents=[common],
                        help="a grounded answer from your notes, citing them (needs [generator])")
     p.add_argument("question", nargs="+", help="the question (quotes optional)")
