@@ -128,6 +128,8 @@ def do_start(args) -> int:
                 print(f"ragd started (pid {info['pid']}, socket {path})")
                 if _interactive(args):
                     _progress(args, path)
+                elif not args.json:
+                    print("indexing in the background; `ragctl status` to follow")
                 return 0
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
@@ -160,9 +162,10 @@ def _progress(args, sock, what: str = "indexing") -> None:
                     rate = files / elapsed if elapsed > 0 else 0
                     eta = f", ~{st['pending'] / rate:.0f} s left" if rate else ""
                     line += f", {st['pending']} files to go ({rate:.0f} files/s{eta})"
-                if e and not vectors and e.get("embedder") in ("waiting for engine",
-                                                                "loading vectors"):
-                    line += "; vectors loading"  # (a restart: not "0 vectors")
+                if e and not vectors and (e.get("state") != "ready" or e.get("embedder") in (
+                        "waiting for engine", "loading vectors")):
+                    # (a first start or a restart: not "0 vectors")
+                    line += "; vectors once the embedding engine is up"
                 elif e:
                     line += f"; {vectors} vectors"
                 print(f"\r{line[:150]:<150}", end="", flush=True)
@@ -172,19 +175,39 @@ def _progress(args, sock, what: str = "indexing") -> None:
                     first_vectors = (time.monotonic(), vectors)
                 time.sleep(0.5)
         print()
-        if e and todo:
-            rate = None
-            if first_vectors and time.monotonic() > first_vectors[0] + 1:
-                rate = (vectors - first_vectors[1]) / (time.monotonic() - first_vectors[0])
-            eta = f" (~{todo / rate / 60:.0f} min at {rate:.0f} texts/s)" if rate else ""
-            print(f"embedding {todo} texts in the background{eta}; search works now and "
-                  f"leans on keywords until the vectors are in ('ragctl status' shows progress)")
-        elif e.get("embedder") in ("waiting for engine", "loading vectors"):
-            print("the embedding engine is starting; vectors follow in the background")
+        rate = None
+        if first_vectors and time.monotonic() > first_vectors[0] + 1:
+            rate = (vectors - first_vectors[1]) / (time.monotonic() - first_vectors[0])
+        print(_next_step(st, rate))
     except KeyboardInterrupt:
         print("\nragd goes on in the background ('ragctl status' shows where it is)")
     except (OSError, P.ProtocolError, P.DaemonError):
         print()
+
+
+def _next_step(st: dict, rate: float | None = None) -> str:
+    """Once the keyword index is complete: what happens next, and how long it may take (from
+    the daemon's embedding pace, else the vectors/s watched here, else no estimate)."""
+    e = st.get("engines", {}).get("embedding")
+    if not e:
+        return "keyword index ready; no embedding model: search ranks by keywords"
+    chunks = sum(s["chunks"] for s in st["sources"])
+    todo = e.get("pending_texts")
+    if todo is None:  # not counted yet: the engine is being prepared or started
+        todo = max(0, chunks - e.get("vectors", 0))
+    if not todo:
+        return "index ready: keywords and vectors of every chunk"
+    if e.get("eta_s"):
+        eta = f"~{max(1, round(e['eta_s'] / 60))} min"
+    elif rate:
+        eta = f"~{max(1, round(todo / rate / 60))} min"
+    else:
+        eta = "no estimate yet"
+    doing = st.get("doing") or ""
+    if e.get("state") != "ready":
+        eta += f"; {doing or 'the embedding engine is starting'}"
+    return (f"keyword index ready; embedding {todo:,} chunks in the background ({eta}); search "
+            f"works now, on keywords until the vectors are in; `ragctl status` to follow")
 
 
 def _add_sources(args, folders: list[str], running: bool) -> int:
@@ -360,10 +383,12 @@ def do_status(args) -> int:
     st = call(args, "status")
 
     def human(st):
-        state = st.get("indexer", "idle" if st["idle"] else "indexing")
-        todo = st.get("engines", {}).get("embedding", {}).get("pending_texts")
-        if state == "idle" and todo:  # the files are indexed; their vectors are coming
-            state = f"embedding ({todo} texts to go)"
+        state = st.get("doing")  # (an older ragd: from the indexer's state)
+        if state is None:
+            state = st.get("indexer", "idle" if st["idle"] else "indexing")
+            todo = st.get("engines", {}).get("embedding", {}).get("pending_texts")
+            if state == "idle" and todo:  # the files are indexed; their vectors are coming
+                state = f"embedding ({todo} texts to go)"
         pending = f", {st['pending']} files pending" if st["pending"] else ""
         print(f"ragd {st['version']}  pid {st['pid']}  up {_ago(st['uptime_s'])}  "
               f"{state}{pending}")

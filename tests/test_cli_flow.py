@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import re
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -73,3 +77,86 @@ def test_related_from_the_shell_in_searchs_output_forms(make_daemon, tmp_path):
         r = ragctl(*cfg, "related", tmp_path / "elsewhere.md")
         assert r.returncode == 1 and "is not in any source" in r.stderr
 
+
+
+def _run_on_a_terminal(argv, timeout=180.0) -> tuple[int, str]:
+    """Run ragctl with its stdout on a pseudo-terminal (as a person at a terminal sees it):
+    (exit status, what it printed)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "ragctl", *map(str, argv)], stdout=slave,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer has closed the terminal
+                break
+            if not data:
+                break
+            out += data
+        return proc.wait(30), out.decode(errors="replace").replace("\r\n", "\n")
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_start_says_what_happens_next(make_daemon, tmp_path):
+    """At a terminal, `ragctl start` follows the keyword indexing, then says what comes next:
+    the chunks to embed in the background, how long (or that there is no estimate yet), and
+    what to follow it with — not a bare "0 vectors"."""
+    vault = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}],
+                    extra=engine_config())
+    try:
+        rc, out = _run_on_a_terminal(["--config", d.config, "start"])
+        assert rc == 0, out
+        assert "ragd started (pid " in out
+        last = out.rstrip("\n").rsplit("\n", 1)[-1]
+        assert re.fullmatch(r"keyword index ready; embedding [\d,]+ chunks in the background "
+                            r"\((~\d+ min|no estimate yet)(; [a-z ]+)?\); search works now, on "
+                            r"keywords until the vectors are in; `ragctl status` to follow",
+                            last), out
+        assert " 0 vectors" not in out, out
+        # piped (a script): one line says where it goes on, and nothing waits
+        r = ragctl("--config", d.config, "stop")
+        assert r.returncode == 0, r.stderr
+        r = ragctl("--config", d.config, "start")
+        assert r.returncode == 0 and r.stdout.endswith(
+            "\nindexing in the background; `ragctl status` to follow\n"), r.stdout
+    finally:
+        ragctl("--config", d.config, "stop")
+
+
+def test_status_says_the_engine_is_starting_not_idle(make_daemon, tmp_path):
+    """Every file indexed while the embedding engine is still starting: the status header
+    says so (it said `idle`), as does the reply's `doing`."""
+    vault = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}],
+                    extra=engine_config())
+    with d:
+        deadline = time.monotonic() + 60
+        while True:  # the engine's process is there, not answering yet: held so
+            e = d.call("status")["engines"]["embedding"]
+            if e.get("state") == "starting" and e.get("pid"):
+                break
+            assert time.monotonic() < deadline and e.get("state") != "ready", e
+            time.sleep(0.02)
+        os.kill(e["pid"], signal.SIGSTOP)
+        try:
+            st = d.wait_idle()
+            assert st["doing"] == "starting the embedding engine", st["doing"]
+            r = ragctl("--config", d.config, "status")
+            head = r.stdout.split("\n", 1)[0]
+            assert head.endswith("  starting the embedding engine") and "idle" not in head, head
+        finally:
+            os.kill(e["pid"], signal.SIGCONT)
+        wait_embedded(d)
+        r = ragctl("--config", d.config, "status")
+        assert r.stdout.split("\n", 1)[0].endswith("  idle"), r.stdout
