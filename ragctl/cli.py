@@ -320,7 +320,10 @@ def do_stop(args) -> int:
             return 1
         raise Fail(str(e).split(";")[0])
     pid = result["pid"]
-    deadline = time.monotonic() + STOP_TIMEOUT
+    t0 = time.monotonic()
+    deadline = t0 + STOP_TIMEOUT
+    if not args.json:  # (ragd stops within seconds: said, so the wait is not a silent one)
+        print(f"stopping ragd (pid {pid})…", flush=True)
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
@@ -331,7 +334,9 @@ def do_stop(args) -> int:
         time.sleep(0.02)
     else:
         raise Fail(f"ragd (pid {pid}) is still stopping after {STOP_TIMEOUT:.0f}s")
-    emit(args, {"stopped": True, "pid": pid}, lambda r: print(f"ragd stopped (pid {pid})"))
+    took = time.monotonic() - t0
+    emit(args, {"stopped": True, "pid": pid, "seconds": round(took, 2)},
+         lambda r: print(f"ragd stopped (pid {pid}, {took:.1f} s)"))
     return 0
 
 
