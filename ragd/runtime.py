@@ -219,13 +219,15 @@ class Runtime:
                  ("text index", self.text.stop if self.text is not None else None),
                  ("embedders", self.embedding.stop), ("engines", self.engines.stop)]
 
+        took: dict[str, float] = {}
+
         def stop(name, fn):
             t0 = time.monotonic()
             try:
                 fn()
             except Exception:
                 log.exception("stopping the %s", name)
-            log.debug("stopped the %s in %.3fs", name, time.monotonic() - t0)
+            took[name] = time.monotonic() - t0
 
         threads = []
         for name, fn in parts:
@@ -236,6 +238,9 @@ class Runtime:
         for _, t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         late = [name for name, t in threads if t.is_alive()]
+        slow = sorted(took.items(), key=lambda kv: -kv[1])[:3]
+        log.info("parts stopped in %.2fs (slowest: %s)", time.monotonic() - deadline
+                 + STOP_WITHIN, ", ".join(f"{n} {t:.2f}s" for n, t in slow))
         if late:
             log.warning("the %s did not stop within %.0f s; left to the exit (their work is "
                         "found again at the next start)", ", ".join(late), STOP_WITHIN)
