@@ -155,7 +155,7 @@ def _progress(args, sock, what: str = "indexing") -> None:
                 files = sum(s["files"] for s in st["sources"])
                 chunks = sum(s["chunks"] for s in st["sources"])
                 e = st.get("engines", {}).get("embedding", {})
-                vectors, todo = e.get("vectors", 0), e.get("pending_texts")
+                vectors = e.get("vectors", 0)
                 elapsed = time.monotonic() - t0
                 line = f"{what}: {files} files, {chunks} chunks"
                 if st["pending"]:
