@@ -162,10 +162,11 @@ def _progress(args, sock, what: str = "indexing") -> None:
                     rate = files / elapsed if elapsed > 0 else 0
                     eta = f", ~{st['pending'] / rate:.0f} s left" if rate else ""
                     line += f", {st['pending']} files to go ({rate:.0f} files/s{eta})"
-                if e and not vectors and (e.get("state") != "ready" or e.get("embedder") in (
-                        "waiting for engine", "loading vectors")):
-                    # (a first start or a restart: not "0 vectors")
-                    line += "; vectors once the embedding engine is up"
+                if e and not vectors:  # (a first start or a restart: not "0 vectors")
+                    line += ("; vectors once the embedding engine is up"
+                             if e.get("state") != "ready" or e.get("embedder") in (
+                                 "waiting for engine", "loading vectors")
+                             else "; the first vectors are being embedded")
                 elif e:
                     line += f"; {vectors} vectors"
                 print(f"\r{line[:150]:<150}", end="", flush=True)
