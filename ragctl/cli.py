@@ -128,6 +128,8 @@ def do_start(args) -> int:
                 print(f"ragd started (pid {info['pid']}, socket {path})")
                 if _interactive(args):
                     _progress(args, path)
+                elif not args.json:
+                    print("indexing in the background; `ragctl status` to follow")
                 return 0
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
@@ -153,16 +155,18 @@ def _progress(args, sock, what: str = "indexing") -> None:
                 files = sum(s["files"] for s in st["sources"])
                 chunks = sum(s["chunks"] for s in st["sources"])
                 e = st.get("engines", {}).get("embedding", {})
-                vectors, todo = e.get("vectors", 0), e.get("pending_texts")
+                vectors = e.get("vectors", 0)
                 elapsed = time.monotonic() - t0
                 line = f"{what}: {files} files, {chunks} chunks"
                 if st["pending"]:
                     rate = files / elapsed if elapsed > 0 else 0
                     eta = f", ~{st['pending'] / rate:.0f} s left" if rate else ""
                     line += f", {st['pending']} files to go ({rate:.0f} files/s{eta})"
-                if e and not vectors and e.get("embedder") in ("waiting for engine",
-                                                                "loading vectors"):
-                    line += "; vectors loading"  # (a restart: not "0 vectors")
+                if e and not vectors:  # (a first start or a restart: not "0 vectors")
+                    line += ("; vectors once the embedding engine is up"
+                             if e.get("state") != "ready" or e.get("embedder") in (
+                                 "waiting for engine", "loading vectors")
+                             else "; the first vectors are being embedded")
                 elif e:
                     line += f"; {vectors} vectors"
                 print(f"\r{line[:150]:<150}", end="", flush=True)
@@ -172,19 +176,39 @@ def _progress(args, sock, what: str = "indexing") -> None:
                     first_vectors = (time.monotonic(), vectors)
                 time.sleep(0.5)
         print()
-        if e and todo:
-            rate = None
-            if first_vectors and time.monotonic() > first_vectors[0] + 1:
-                rate = (vectors - first_vectors[1]) / (time.monotonic() - first_vectors[0])
-            eta = f" (~{todo / rate / 60:.0f} min at {rate:.0f} texts/s)" if rate else ""
-            print(f"embedding {todo} texts in the background{eta}; search works now and "
-                  f"leans on keywords until the vectors are in ('ragctl status' shows progress)")
-        elif e.get("embedder") in ("waiting for engine", "loading vectors"):
-            print("the embedding engine is starting; vectors follow in the background")
+        rate = None
+        if first_vectors and time.monotonic() > first_vectors[0] + 1:
+            rate = (vectors - first_vectors[1]) / (time.monotonic() - first_vectors[0])
+        print(_next_step(st, rate))
     except KeyboardInterrupt:
         print("\nragd goes on in the background ('ragctl status' shows where it is)")
     except (OSError, P.ProtocolError, P.DaemonError):
         print()
+
+
+def _next_step(st: dict, rate: float | None = None) -> str:
+    """Once the keyword index is complete: what happens next, and how long it may take (from
+    the daemon's embedding pace, else the vectors/s watched here, else no estimate)."""
+    e = st.get("engines", {}).get("embedding")
+    if not e:
+        return "keyword index ready; no embedding model: search ranks by keywords"
+    chunks = sum(s["chunks"] for s in st["sources"])
+    todo = e.get("pending_texts")
+    if todo is None:  # not counted yet: the engine is being prepared or started
+        todo = max(0, chunks - e.get("vectors", 0))
+    if not todo:
+        return "index ready: keywords and vectors of every chunk"
+    if e.get("eta_s"):
+        eta = f"~{max(1, round(e['eta_s'] / 60))} min"
+    elif rate:
+        eta = f"~{max(1, round(todo / rate / 60))} min"
+    else:
+        eta = "no estimate yet"
+    doing = st.get("doing") or ""
+    if e.get("state") != "ready":
+        eta += f"; {doing or 'the embedding engine is starting'}"
+    return (f"keyword index ready; embedding {todo:,} chunks in the background ({eta}); search "
+            f"works now, on keywords until the vectors are in; `ragctl status` to follow")
 
 
 def _add_sources(args, folders: list[str], running: bool) -> int:
@@ -297,7 +321,10 @@ def do_stop(args) -> int:
             return 1
         raise Fail(str(e).split(";")[0])
     pid = result["pid"]
-    deadline = time.monotonic() + STOP_TIMEOUT
+    t0 = time.monotonic()
+    deadline = t0 + STOP_TIMEOUT
+    if not args.json:  # (ragd stops within seconds: said, so the wait is not a silent one)
+        print(f"stopping ragd (pid {pid})…", flush=True)
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
@@ -308,7 +335,9 @@ def do_stop(args) -> int:
         time.sleep(0.02)
     else:
         raise Fail(f"ragd (pid {pid}) is still stopping after {STOP_TIMEOUT:.0f}s")
-    emit(args, {"stopped": True, "pid": pid}, lambda r: print(f"ragd stopped (pid {pid})"))
+    took = time.monotonic() - t0
+    emit(args, {"stopped": True, "pid": pid, "seconds": round(took, 2)},
+         lambda r: print(f"ragd stopped (pid {pid}, {took:.1f} s)"))
     return 0
 
 
@@ -360,10 +389,12 @@ def do_status(args) -> int:
     st = call(args, "status")
 
     def human(st):
-        state = st.get("indexer", "idle" if st["idle"] else "indexing")
-        todo = st.get("engines", {}).get("embedding", {}).get("pending_texts")
-        if state == "idle" and todo:  # the files are indexed; their vectors are coming
-            state = f"embedding ({todo} texts to go)"
+        state = st.get("doing")  # (an older ragd: from the indexer's state)
+        if state is None:
+            state = st.get("indexer", "idle" if st["idle"] else "indexing")
+            todo = st.get("engines", {}).get("embedding", {}).get("pending_texts")
+            if state == "idle" and todo:  # the files are indexed; their vectors are coming
+                state = f"embedding ({todo} texts to go)"
         pending = f", {st['pending']} files pending" if st["pending"] else ""
         print(f"ragd {st['version']}  pid {st['pid']}  up {_ago(st['uptime_s'])}  "
               f"{state}{pending}")
@@ -555,6 +586,49 @@ def do_search(args) -> int:
     out = {k: res[k] for k in ("query", "mode", "elapsed_ms", "results")}
     out.update({k: v for k, v in res.items() if k not in out})
     emit(args, out, human)
+    return 0 if res["results"] else 1  # as grep: 1 when nothing was found
+
+
+def do_related(args) -> int:
+    """The notes closest in meaning to a note (or a text), in search's output forms."""
+    if (args.note is None) == (args.text is None):
+        raise Fail("related: give a note's PATH or --text TEXT" +
+                   (", not both" if args.note is not None else ""), 2)
+    kw = {"text": args.text} if args.text is not None else \
+        {"path": os.path.abspath(os.path.expanduser(args.note))}
+    if args.k is not None:
+        kw["k"] = args.k
+    res = call(args, "related", timeout=90, **kw)
+    what = _one_line(res.get("of") or args.note or "the text given")
+
+    def human(res):
+        cover = res.get("vector_coverage")
+        if cover is not None and cover < 1:  # on stderr: stdout holds the results alone
+            pct = 100 * cover
+            shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
+            print(f"(vectors cover {shown} of the index so far: notes not embedded yet are not "
+                  f"compared)", file=sys.stderr)
+        if not res["results"]:  # (with -l, stdout holds nothing but paths)
+            print(f"no related notes ({res.get('reason') or 'none found'})",
+                  file=sys.stderr if args.paths else sys.stdout)
+        if args.paths:
+            for r in res["results"]:
+                print(_jump(r))
+            return
+        for i, r in enumerate(res["results"], 1):
+            title = _one_line(r.get("title") or Path(r["path"]).stem)
+            head = _one_line(r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else "")
+            frm = r.get("link", {}).get("from") or {}
+            near = (f"  (close to lines {frm['line_start']}-{frm['line_end']} of {what})"
+                    if frm else "")
+            print(f"{i:>2}. {title}{' — ' + head if head else ''}  [{r['score']:.3f}]{near}")
+            print(f"    {_jump(r)}")
+            lines = r["text"].split("\n")
+            shown = [(r["line_start"] + n, ln) for n, ln in enumerate(lines) if ln.strip()][:2]
+            for n, text in shown:
+                print(f"    {n:>5}: {_excerpt(_one_line(text.strip()), [])}")
+
+    emit(args, res, human)
     return 0 if res["results"] else 1  # as grep: 1 when nothing was found
 
 
@@ -1166,6 +1240,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-l", "--paths", action="store_true",
                    help="print only each result's path:line, one per line (for scripts)")
     p.set_defaults(func=do_search)
+    p = sub.add_parser("related", parents=[common],
+                       help="the notes closest in meaning to a note, or to a text (needs "
+                            "[embedding])")
+    p.add_argument("note", nargs="?", metavar="PATH",
+                   help="a note inside a source (its unsaved editor buffer counts, if any)")
+    p.add_argument("--text", metavar="TEXT",
+                   help="a passage instead of a note: the notes closest to it")
+    p.add_argument("-k", type=int, help="number of notes (1-100, default 10)")
+    p.add_argument("-l", "--paths", action="store_true",
+                   help="print only each note's path:line, one per line (for scripts)")
+    p.set_defaults(func=do_related)
     p = sub.add_parser("ask", parents=[common],
                        help="a grounded answer from your notes, citing them (needs [generator])")
     p.add_argument("question", nargs="+", help="the question (quotes optional)")

@@ -41,6 +41,10 @@ LIVE = settings.fields(settings.LIVE)
 RESTART = settings.fields(settings.RESTART)
 MODEL_FIELDS = tuple(settings.fields(settings.MODEL))
 
+# Seconds a stop may take: the parts still busy then are left to the exit (well within the
+# service unit's TimeoutStopSec, and what a person waits for at `ragctl stop`)
+STOP_WITHIN = 4.0
+
 
 class Runtime:
     def __init__(self, cfg: config.Config, cli_config: str | None, cli_sources: list[str]):
@@ -153,18 +157,7 @@ class Runtime:
                     pass
             log.info("stopping")
         finally:
-            self.parts.stopping.set()
-            self.server.close()
-            if self.watcher is not None:
-                self.watcher.stop()
-            self.indexer.stop()
-            self.buffers.stop()
-            if self.backend is not None:
-                self.backend.stop()
-            if self.text is not None:
-                self.text.stop()
-            self.embedding.stop()  # the embedders write their spaces' snapshots
-            self.engines.stop()
+            self._stop_parts()
             self.reads.close()
             # (the number first: a late signal must not write to a file that reuses it)
             if threading.current_thread() is threading.main_thread():
@@ -174,6 +167,53 @@ class Runtime:
             os.close(self._wake_r)
             log.info("stopped")
         return 0
+
+    def _stop_parts(self) -> None:
+        """Stop every part within STOP_WITHIN seconds. Each is told at once, in a thread of its
+        own, and waited for until the deadline: one after the other, a part busy with a long
+        step (the text index filling a batch, an embedding batch in flight, an engine's
+        SIGTERM grace) held up every part after it. The engines stop alongside: a call in
+        flight to one (a batch to embed, a live edit's texts) then fails at once, and the
+        embedder gives its texts back and leaves (writing its space's snapshot). A part still
+        busy at the deadline is left to the process's exit: what it had in hand is not lost,
+        its transaction rolls back, and the next start finds the work again (the indexer
+        rescans, the text index's outbox and fill are in SQLite, the embedder's queue is every
+        text without a vector)."""
+        deadline = time.monotonic() + STOP_WITHIN
+        self.parts.stopping.set()
+        self.server.close()
+        parts = [("watcher", self.watcher.stop if self.watcher is not None else None),
+                 ("indexer", self.indexer.stop), ("buffers", self.buffers.stop),
+                 ("store", self.backend.stop if self.backend is not None else None),
+                 ("text index", self.text.stop if self.text is not None else None),
+                 ("embedders", self.embedding.stop), ("engines", self.engines.stop)]
+
+        took: dict[str, float] = {}
+
+        def stop(name, fn):
+            t0 = time.monotonic()
+            try:
+                fn()
+            except Exception:
+                log.exception("stopping the %s", name)
+            took[name] = time.monotonic() - t0
+
+        threads = []
+        for name, fn in parts:
+            if fn is not None:
+                threads.append((name, threading.Thread(target=stop, args=(name, fn),
+                                                       name=f"stop-{name}", daemon=True)))
+                threads[-1][1].start()
+        for _, t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        late = [name for name, t in threads if t.is_alive()]
+        slow = sorted(took.items(), key=lambda kv: -kv[1])[:3]
+        log.info("parts stopped in %.2fs (slowest: %s)", time.monotonic() - deadline
+                 + STOP_WITHIN, ", ".join(f"{n} {t:.2f}s" for n, t in slow))
+        if late:
+            log.warning("the %s did not stop within %.0f s; left to the exit (their work is "
+                        "found again at the next start)", ", ".join(late), STOP_WITHIN)
+            self.engines.kill_now()  # no engine outlives ragd
 
     def _wake(self, what: bytes) -> None:
         if self._wake_w < 0:  # stopped

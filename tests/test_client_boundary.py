@@ -32,5 +32,5 @@ def test_every_command_has_help():
     assert set(helps) == {"start", "stop", "status", "search", "ask", "get", "mcp", "reindex",
                           "sources",
                           "reload", "service", "eval",
-                          "models", "files", "gc", "watch"}
+                          "models", "files", "gc", "watch", "related"}
     assert all(helps.values()), helps

@@ -256,13 +256,27 @@ class Engines:
         return [e.role for e in engines if e.retry()]
 
     def stop(self) -> None:
+        """Stop every engine, all at once: each has STOP_GRACE after its SIGTERM, and one
+        after the other they added up (two to five engines)."""
         self._stopped.set()
         with self._lock:
             pass
-        for engine in (self.embed_engine, self.query_engine, self.next_engine,
-                       self.rerank_engine, self.gen_engine):
-            if engine is not None:
-                engine.stop()
+        engines = self._running()
+        threads = [threading.Thread(target=e.stop, name=f"stop-{e.role}", daemon=True)
+                   for e in engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def kill_now(self) -> None:
+        """SIGKILL every engine still running (ragd's stop ran out of time)."""
+        for engine in self._running():
+            engine.kill_now()
+
+    def _running(self) -> list:
+        return [e for e in (self.embed_engine, self.query_engine, self.next_engine,
+                            self.rerank_engine, self.gen_engine) if e is not None]
 
     def status(self) -> dict:
         """Per configured role: its model and engine (state, pid, restarts, ...)."""

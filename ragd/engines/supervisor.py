@@ -51,6 +51,9 @@ HUNG_CHECKS = 3
 # every search adds two), and a daemon left running for months must not fill the disk.
 LOG_CAP_BYTES = 4 << 20
 
+# Seconds an engine has to exit after SIGTERM when ragd stops (then SIGKILL): within ragd's
+# own bound on a stop (runtime.STOP_WITHIN); an engine has nothing to save
+STOP_GRACE = 2.0
 STOPPED, STARTING, READY, RESTARTING, FAILED = "stopped", "starting", "ready", "restarting", "failed"
 
 
@@ -180,11 +183,11 @@ class Engine:
         self._retry.set()
         return True
 
-    def stop(self) -> None:
+    def stop(self, grace: float = STOP_GRACE) -> None:
         self._stop.set()
         self._retry.set()
-        self._kill("stopping")
-        self.worker.stop(15)
+        self._kill("stopping", grace)
+        self.worker.stop(grace + 1)
         self.state = STOPPED
         try:  # the engine leaves its socket file behind
             self.socket.unlink()
@@ -250,7 +253,19 @@ class Engine:
         finally:
             logf.close()
 
-    def _kill(self, why: str) -> None:
+    def kill_now(self) -> None:
+        """SIGKILL the engine's process group (ragd's stop ran out of time: no orphans)."""
+        with self._lock:
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            log.warning("%s engine (pid %d): still running as ragd stops, sending SIGKILL",
+                        self.role, proc.pid)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _kill(self, why: str, grace: float = 5.0) -> None:
         with self._lock:
             proc = self._proc
         if proc is None or proc.poll() is not None:
@@ -261,7 +276,7 @@ class Engine:
         except ProcessLookupError:
             return
         try:
-            proc.wait(5)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             log.warning("%s engine (pid %d) did not exit after SIGTERM, sending SIGKILL",
                         self.role, proc.pid)

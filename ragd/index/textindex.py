@@ -272,6 +272,13 @@ class TextIndex(outbox.OutboxSync):
         gone = 0
         held = self.index.searcher() if counted else None
         for i in range(0, len(batch), BATCH):
+            if self._stop.is_set():
+                # ragd is stopping: what this batch added is dropped, and its outbox rows
+                # stay, so the next start pushes it again (a fill: starts it over)
+                w.rollback()
+                log.info("text index: stopping; %d chunks of this batch are pushed at the next "
+                         "start", len(batch))
+                return
             ids = [cid for _, cid in batch[i:i + BATCH]]
             rows = db.execute(
                 f"SELECT id, file_id, heading, keywords, body FROM chunks "

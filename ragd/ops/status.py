@@ -28,6 +28,30 @@ def _bulk(space) -> bool:
     return bool(todo) and have < PARTIAL_FUSION_FROM * (have + todo)
 
 
+def doing(indexer: str, pending: int, engines: dict, text: dict | None) -> str:
+    """What the daemon is doing, in a few words for the status header: the indexer's work
+    first, then the embedding engine's (being prepared or started is not idle), then the
+    vectors to come, then the keyword index being filled."""
+    if indexer != "idle" or pending:
+        return indexer if indexer != "idle" else "indexing"
+    e = engines.get("embedding") or {}
+    state, embedder = e.get("state"), e.get("embedder")
+    if state == "preparing model":
+        return "preparing the embedding model"
+    if state in ("starting", "restarting"):
+        return f"{state} the embedding engine"
+    if state == "failed":
+        return "the embedding engine failed (search ranks by keywords)"
+    if embedder in ("waiting for engine", "loading vectors"):
+        return "loading vectors" if embedder == "loading vectors" else \
+            "starting the embedding engine"
+    if e.get("pending_texts"):
+        return f"embedding ({e['pending_texts']:,} texts to go)"
+    if text and text.get("state") == "filling":
+        return "filling the keyword index (FTS5 answers meanwhile)"
+    return "idle"
+
+
 class StatusOps:
     def __init__(self, parts: Parts):
         self.p = parts
@@ -76,6 +100,7 @@ class StatusOps:
                 "lag_s": round(now - oldest[s.name], 3) if s.name in oldest else 0.0,
             })
         s = self.p.indexer.stats
+        text = self.p.text.status() if self.p.text is not None else None
         return {
             "pid": os.getpid(), "version": __version__, "protocol": P.PROTOCOL_VERSION,
             "uptime_s": round(time.time() - self.p.started, 3),
@@ -83,14 +108,14 @@ class StatusOps:
             "log": str(self.p.cfg.log_path),
             "config": str(self.p.cfg.path) if self.p.cfg.path else None,
             "pending": pending, "idle": idle, "indexer": self.p.indexer.state,
+            "doing": doing(self.p.indexer.state if not idle else "idle", pending, engines, text),
             "sources": per_source, "engines": engines, "hints": hints,
             "connections": {"open": self.p.server.connections if self.p.server else None,
                             "limit": self.p.cfg.max_connections},
             "threads": workers.all_status(),
             "store": (self.p.backend.status() if self.p.backend is not None
                       else {"backend": "sqlite"}),
-            "bm25_index": (self.p.text.status() if self.p.text is not None
-                           else {"engine": "fts5"}),
+            "bm25_index": text or {"engine": "fts5"},
             "totals": {"files_indexed": s.files_indexed, "files_unchanged": s.files_unchanged,
                        "files_skipped": s.files_skipped, "files_failed": s.files_failed,
                        "files_removed": s.files_removed, "files_moved": s.files_moved,
