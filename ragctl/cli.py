@@ -551,9 +551,12 @@ def do_search(args) -> int:
             stale = "" if not r.get("stale") else "  (changed since indexed)" \
                 if os.path.exists(r["path"]) else "  (gone from disk since indexed)"
             unsaved = "  (unsaved)" if r.get("unsaved") else ""
+            # filtered by date: which date of the note the filter read
+            dated = f"  ({r['date']}, {r['date_from']})" if (args.since or args.before) \
+                and r.get("date") else ""
             name = _bold(title, color)
             print(f"{i:>2}. {name}{' — ' + head if head else ''}  [{r['score']:.3f}]"
-                  f"{more}{stale}{unsaved}")
+                  f"{more}{stale}{unsaved}{dated}")
             print(f"    {_jump(r)}")
             if r["path"].lower().endswith(".pdf"):  # a page: its lines holding the words
                 held = [ln for ln in lines if terms and _pattern(terms).search(ln)] or \

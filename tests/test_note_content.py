@@ -75,6 +75,10 @@ def test_date_filters_read_the_notes_own_date(make_daemon, tmp_path):
         out = json.loads(r.stdout)
         assert [Path(x["path"]).name for x in out["results"]] == ["edited.md"], r.stdout
         assert out["results"][0]["date_from"] == "frontmatter updated"
+        date = out["results"][0]["date"]
+        # the plain output shows which date the filter read
+        r = ragctl("--config", d.config, "search", "wombat", "--since", "2w")
+        assert f"({date}, frontmatter updated)" in r.stdout.splitlines()[0], r.stdout
 
         # a daily note renamed to another day is of that day
         (root / "2021-06-01.md").rename(root / "2021-07-09.md")
