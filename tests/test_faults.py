@@ -873,6 +873,30 @@ def test_a_hung_engine_is_found_and_replaced(make_daemon, tmp_path):
         assert not res["degraded"] and res["results"]
 
 
+def test_an_engine_that_stops_answering_does_not_hold_an_edit(make_daemon, tmp_path):
+    """An edit's new texts are embedded before its commit when the engine is idle; an engine
+    that stops answering then (SIGSTOP, health checks too slow to notice) must not hold the
+    indexer for the client's whole timeout (120 s): the edit is searchable within seconds, its
+    texts left to the embedder thread."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="[engines]\nhealth_interval = 600.0\n"))
+    with d:
+        st = wait_embedded(d)
+        pid = st["engines"]["embedding"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            (root / "Pangolins.md").write_text("# Pangolins\n\nPangolins eat ants at night.\n")
+            # (no --wait: it waits for the embedder too while the engine is deemed up)
+            deadline = time.monotonic() + 30  # the live embed gives up after LIVE_TIMEOUT
+            while not (res := d.call("search", query="pangolins", mode="bm25"))["results"]:
+                assert time.monotonic() < deadline, res
+                time.sleep(0.2)
+            assert res["results"][0]["path"].endswith("Pangolins.md"), res
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
 def test_a_huge_query_is_refused_at_once(make_daemon, tmp_path):
     """A 1 MB query (a pasted file) is a bad argument answered at once: it cost 24 s of BM25 and
     line matching on obsidian-hub, holding a core. One at the bounds still answers."""

@@ -110,22 +110,24 @@ class EngineClient:
         except (EngineUnavailable, EngineError):
             return False
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.request("POST", "/tokenize", {"content": text, "add_special": False})["tokens"]
+    def tokenize(self, text: str, timeout: float | None = None) -> list[int]:
+        return self.request("POST", "/tokenize", {"content": text, "add_special": False},
+                            timeout=timeout)["tokens"]
 
-    def detokenize(self, tokens: list[int]) -> str:
-        return self.request("POST", "/detokenize", {"tokens": tokens})["content"]
+    def detokenize(self, tokens: list[int], timeout: float | None = None) -> str:
+        return self.request("POST", "/detokenize", {"tokens": tokens}, timeout=timeout)["content"]
 
-    def fit(self, text: str, limit: int, count: bool = False) -> tuple[str, int | None]:
+    def fit(self, text: str, limit: int, count: bool = False,
+            timeout: float | None = None) -> tuple[str, int | None]:
         """The text cut to at most `limit` of this model's tokens, and its own token count.
         Without `count`, a text of at most `limit` UTF-8 bytes is returned as it is, uncounted
         (None): a token is at least a byte, so only long texts are sent to the engine."""
         if not count and len(text.encode()) <= limit:
             return text, None
-        tokens = self.tokenize(text)
+        tokens = self.tokenize(text, timeout)
         if len(tokens) <= limit:
             return text, len(tokens)
-        return self.detokenize(tokens[:limit]), len(tokens)
+        return self.detokenize(tokens[:limit], timeout), len(tokens)
 
     def embed(self, texts: list[str], timeout: float | None = None) -> np.ndarray:
         """L2-normalised float32 vectors, one row per text, in order."""

@@ -43,6 +43,10 @@ log = logging.getLogger("ragd.embedder")
 
 WORK_BATCH = 64  # distinct texts fetched per round
 LIVE_TEXTS = 32  # at most this many new texts are embedded before an edit's commit
+# How long an edit's commit waits on the engine for them (each request: counting, embedding): an engine that stops answering must
+# not hold the indexer (and every file after this one) until the health checks replace it;
+# past this the embedder thread embeds them after the commit, as for bulk work.
+LIVE_TIMEOUT = 10.0
 SPECIAL_TOKENS = 4  # room left for [CLS]/[SEP] or BOS/EOS when truncating
 PAUSE_START, PAUSE_MAX = 1.0, 60.0  # backoff when the database cannot be written
 
@@ -148,14 +152,15 @@ class Embedder:
         if not todo:
             return space.id, []
         try:
-            fitted = [(h, *self._fit(t)) for h, t in todo.items()]
+            fitted = [(h, *self._fit(t, LIVE_TIMEOUT)) for h, t in todo.items()]
             rows = []
             for start in range(0, len(fitted), 16):
                 part = fitted[start:start + 16]
                 log.debug("embedding %d texts (%d tokens) before their commit", len(part),
                           sum(p[2] for p in part))
                 t0 = time.perf_counter()
-                vecs = self.engine.client.embed([t for _, t, _, _ in part])
+                vecs = self.engine.client.embed([t for _, t, _, _ in part],
+                                                timeout=LIVE_TIMEOUT)
                 self.stats.seconds += time.perf_counter() - t0
                 self.stats.requests += 1
                 rows += [(h, v, n, tr) for (h, _, n, tr), v in zip(part, vecs)]
@@ -230,12 +235,12 @@ class Embedder:
             self.problem = None
         self._pause = PAUSE_START
 
-    def _fit(self, text: str) -> tuple[str, int, bool]:
+    def _fit(self, text: str, timeout: float | None = None) -> tuple[str, int, bool]:
         """(text, tokens, truncated): cut to the model's context, counted by the engine."""
         limit = self.model.context - SPECIAL_TOKENS
         if self._stop.is_set():
             raise EngineUnavailable("stopping")
-        text, n = self.engine.client.fit(text, limit, count=True)
+        text, n = self.engine.client.fit(text, limit, count=True, timeout=timeout)
         return text, min(n, limit), n > limit
 
     def _embed(self, db: sqlite3.Connection, hashes: list[str]) -> None:
