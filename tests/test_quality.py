@@ -483,7 +483,7 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
 def test_a_shown_line_holds_its_match():
     """ragctl shows a long line around its first match, cut with "…" (a match past the 160th
     character was cut off), and marks symbols as it marks words."""
-    from ragctl.cli import _excerpt, _mark, _terms
+    from ragctl.render import _excerpt, _mark, _terms
     terms = _terms("what does ⛔ mean for dependencies")
     assert "⛔" in terms and "dependenci" in terms
     line = "a" * 300 + " - [ ] Post the parcel ⛔ abc123 " + "b" * 300

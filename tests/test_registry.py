@@ -7,7 +7,7 @@ import json
 import re
 
 from conftest import ragctl
-from ragctl.cli import models_lines
+from ragctl.admin import models_lines
 from ragd.engines import models
 from ragd.engines.models import ModelSpec
 

@@ -1,0 +1,76 @@
+"""What every ragctl command shares: where the daemon listens, a call to it, its reply printed
+as JSON or for people, and the one-line failure ragctl exits with.
+
+It imports nothing from ragd but the protocol module, and finds the socket the same way ragd
+does (--socket, $RAGD_SOCKET, else --config / $RAGD_CONFIG / the XDG config).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ragd import protocol as P
+
+
+class Fail(Exception):
+    """A one-line failure for the user; ragctl exits with its code."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+_warned: set[str] = set()
+
+
+def _socket(args) -> Path:
+    """Where the daemon listens. A config file that is not valid TOML (being edited) still
+    names it: a running daemon goes on with the config it read before, and can be asked, told
+    to reload or stopped; ragctl says why it read the file leniently, once."""
+    def broken(why: str) -> None:
+        if why not in _warned:
+            _warned.add(why)
+            print(f"ragctl: warning: {why}. Its [daemon] socket read as written; a running "
+                  f"ragd goes on with the config it read before (fix the file, then 'ragctl "
+                  f"reload')", file=sys.stderr)
+    return P.socket_path(args.socket, args.config, broken=broken)
+
+
+def connect(args, timeout: float | None = 30.0) -> P.Client:
+    path = _socket(args)
+    try:
+        return P.Client(path, timeout=timeout)
+    except P.NotRunning:
+        if _warned:  # its config is not valid TOML: that is what to fix first
+            raise Fail(f"{sorted(_warned)[0]}; and no ragd answers at {path}", 2)
+        raise Fail(f"ragd is not running (no daemon at {path}); start it with 'ragctl start'")
+    except PermissionError:
+        raise Fail(f"permission denied on {path}: is ragd running as another user?")
+
+
+def call(args, op: str, timeout: float | None = 30.0, **kw):
+    with connect(args, timeout) as c:
+        return c.call(op, **kw)
+
+
+def emit(args, obj, human) -> None:
+    if args.json:
+        print(json.dumps(obj, ensure_ascii=False, indent=None))
+    else:
+        human(obj)
+
+
+def _ping(path) -> dict | None:
+    """The daemon's ping reply, or None when nothing answers at path."""
+    try:
+        with P.Client(path, timeout=5) as c:
+            return c.call("ping")
+    except (P.NotRunning, OSError, P.ProtocolError):
+        return None
+
+
+def _interactive(args) -> bool:
+    """Progress lines only for a person at a terminal: not when piped, not with --json."""
+    return not args.json and sys.stdout.isatty()

@@ -1,0 +1,126 @@
+"""ragctl's text for people: a name on one terminal line, a result's path:line to jump to, the
+query's words marked in its lines, a search's --explain, and ask's progress line."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import unicodedata
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+class _Progress:
+    """One line of progress on stderr while the model thinks: rewritten in place on a
+    terminal and cleared once the answer shows; elsewhere (a log) only its first line."""
+
+    def __init__(self, out):
+        self.out = out
+        self.tty = out.isatty()
+        self.shown = False
+
+    def show(self, text: str, first: bool = False) -> None:
+        if not self.tty and not first:
+            return
+        if self.tty:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            self.out.write("\r\033[K" + text[:width])
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown and self.tty:
+            self.out.write("\r\033[K")
+            self.out.flush()
+        self.shown = False
+
+
+def _explain(scores: dict, weights: dict | None) -> str:
+    """Each signal's rank and score for one result (search --explain)."""
+    out = []
+    for name in ("bm25", "vector"):
+        if f"{name}_rank" in scores:
+            w = f", weight {weights[name]}" if weights and name in weights else ""
+            out.append(f"{name} rank {scores[name + '_rank']} (score {scores[name]}{w})")
+        elif weights and name in weights:
+            out.append(f"{name}: not in its top candidates")
+    for name, label in (("fused", "fused (convex: the scores scaled over their lists)"),
+                        ("rrf", "fused (RRF)")):
+        if name in scores:
+            out.append(f"{label} {scores[name]}")
+    if "note_bm25_rank" in scores:
+        out.append(f"whole note bm25 rank {scores['note_bm25_rank']} (score "
+                   f"{scores['note_bm25']}, adds {scores['note_bm25_added']})")
+    for name, label in (("note", "note score (best chunk, length-damped"
+                         + (", + whole note)" if "note_bm25_rank" in scores else ")")),
+                        ("rerank", "reranker")):
+        if name in scores:
+            out.append(f"{label} {scores[name]}")
+    return "; ".join(out)
+
+
+_STOP = frozenset("a an and are as at be by can do does for from has have how i if in is it "
+                  "its my of on or so that the this to was what when where which who why will "
+                  "with you your".split())
+
+
+def _terms(query: str) -> list[str]:
+    """The query's words to mark in results, cut to a stem-ish prefix (FTS5 stems with
+    porter: 'repeating' matched 'repeat'), and its symbols (emoji: words to the index too)."""
+    out = []
+    for w in re.findall(r"\w+", query.lower()):
+        if w in _STOP or len(w) < 2:
+            continue
+        for suffix in ("ing", "ed", "es", "s"):
+            if len(w) > len(suffix) + 3 and w.endswith(suffix):
+                w = w[: -len(suffix)]
+                break
+        out.append(w)
+    out += [ch for ch in query if ch > "\x7f" and unicodedata.category(ch) == "So"]
+    return sorted(set(out), key=len, reverse=True)
+
+
+def _pattern(terms: list[str]) -> re.Pattern:
+    """Where terms match: a word at a word's start (and the rest of that word), a symbol
+    anywhere."""
+    return re.compile("|".join(rf"\b{re.escape(t)}\w*" if re.match(r"\w", t) else re.escape(t)
+                               for t in terms), re.I)
+
+
+def _mark(text: str, terms: list[str], color: bool) -> str:
+    if not terms or not color:
+        return text
+    return _pattern(terms).sub(lambda m: f"\033[1;31m{m.group(0)}\033[0m", text)
+
+
+def _excerpt(line: str, terms: list[str], width: int = 160) -> str:
+    """At most `width` characters of a line, around its first match when it is longer: cuts
+    are shown with "…"."""
+    if len(line) <= width:
+        return line
+    m = _pattern(terms).search(line) if terms else None
+    start = max(0, min((m.start() if m else 0) - width // 3, len(line) - width))
+    cut = line[start:start + width]
+    return ("…" if start else "") + cut + ("…" if start + width < len(line) else "")
+
+
+def _bold(text: str, color: bool) -> str:
+    return f"\033[1m{text}\033[0m" if color else text
+
+
+def _jump(r: dict) -> str:
+    """A result's path:line, its best matching line (a terminal or editor jumps there)."""
+    at = r.get("match_lines") or []
+    return f"{_one_line(r['path'])}:{at[0] if at else r['line_start']}"
+
+
+def _one_line(text: str) -> str:
+    """A name or reason on one terminal line: control characters (a newline in a file name)
+    and invisible format ones shown escaped. Spaces of every kind stay as they are (a no-break
+    space or an ideographic one is ordinary text, and a printed path must open the file)."""
+    return "".join(ch if ch.isprintable() or unicodedata.category(ch) == "Zs"
+                   else repr(ch)[1:-1] for ch in text)
