@@ -24,6 +24,11 @@ is flagged and scanned again with a backoff.
 An edit (at most LIVE_FILES paths waiting, nothing else queued) commits its chunks, FTS rows,
 vectors and file row together. Bulk work does not wait for the engine: its chunks are searchable
 by BM25 at once and the embedder thread adds their vectors after.
+
+This module holds the queues, the thread's loop and the prepare step; the Indexer is made of
+three more parts, each in a module of its own, that run on its thread and keep their state on
+it: scan.py (a source's scan, and what a listing shows gone), writes.py (one file's or move's
+write in its savepoint) and removed.py (a dropped source's rows set aside and restored).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-import json
 import logging
 import threading
 import time
@@ -43,6 +47,9 @@ from typing import Any, Callable
 
 from ragd.config import Config, Source
 from ragd.index import store
+from ragd.index.removed import RemovedSources
+from ragd.index.scan import SourceState, Scans
+from ragd.index.writes import Item, Prepared, Writes
 from ragd.ingest import chunker, documents, loader, sources
 from ragd.workers import Worker
 
@@ -52,44 +59,6 @@ BATCH_FILES = 500
 BATCH_SECONDS = 0.5
 LIVE_FILES = 8
 PAUSE_START, PAUSE_MAX = 1.0, 60.0  # backoff when the database itself fails (disk full, ...)
-GONE_RESCAN = 1.0  # a source scanned while folders were deleted is scanned again after this
-RESCAN_START = 30.0  # a source with folders that could not be listed is scanned again after this
-
-
-@dataclass
-class Prepared:
-    """A path read and chunked (or found unreadable) before its transaction.
-
-    kind: "index" (content + records), "unchanged" (content), "skipped" (reason: not
-    indexable), "vanished" (its name does not exist), "failed" (reason: an unexpected error).
-    """
-    kind: str
-    content: loader.Loaded | None = None
-    records: list[store.ChunkRecord] | None = None
-    vectors: tuple[int, list] | None = None  # (space, rows) for the listener's put_vectors
-    reason: str | None = None
-    stat: tuple[int, int] = (-1, 0)
-    retry: bool = False  # skipped for an error of access, not of the content: try again
-
-
-@dataclass
-class Item:
-    """One unit of a batch: a path (source, rel, force) or a move (source, old, new)."""
-    source: str
-    rel: str
-    force: bool = False
-    old: str | None = None  # set for a move: old -> rel
-    prepared: Prepared | None = None
-    old_prepared: Prepared | None = None
-
-
-@dataclass
-class SourceState:
-    last_scan: float | None = None
-    last_error: str | None = None
-    scanning: bool = False
-    unlisted: dict[str, str] = field(default_factory=dict)  # folder -> why it was not listed
-    rescan_delay: float = RESCAN_START
 
 
 @dataclass
@@ -104,7 +73,8 @@ class Stats:
     per_source: dict[str, SourceState] = field(default_factory=dict)
 
 
-class Indexer:
+class Indexer(RemovedSources, Scans, Writes):
+    # The parts add methods only: every attribute is set here, and all run on one thread.
     def __init__(self, cfg: Config, db_path: Path, listener=None, events=None):
         # listener: has .sync (a lock) and .chunks_changed(db, removed, added, gone, live),
         # called after each commit with the lock held (the embedder, mirroring chunks into the
@@ -246,84 +216,6 @@ class Indexer:
 
     # -- the indexer thread ---------------------------------------------------------------------
 
-    def purge(self) -> Future:
-        """Set aside the rows of every source the config does not name (a source removed or
-        renamed): its files and chunks leave the index (and FTS, the vectors) for
-        removed_files, in batches, where they wait out the GC grace period. Added back
-        under its name within it, the source is restored as it was (restore): a config saved
-        empty or cut short loses nothing. Its vectors stay cached as long, so adding the
-        folder again under another name embeds nothing either."""
-        return self.run_job(self._purge)
-
-    def _purge(self, db) -> int:
-        keep = {s.name for s in self.cfg.sources}
-        present = {r[0] for r in db.execute("SELECT DISTINCT source FROM counts WHERE n > 0")}
-        self.unconfigured = present - keep
-        removed = 0
-        for name in sorted(self.unconfigured):
-            t0 = time.monotonic()
-            n = 0
-            with store.transaction(db, self._stop):
-                db.execute("INSERT OR REPLACE INTO removed_sources (source, reading, "
-                           "removed_at) VALUES (?, ?, ?)",
-                           (name, json.dumps(store.reading(db).get(name)), time.time()))
-            while True:
-                ids = [r[0] for r in db.execute("SELECT id FROM files WHERE source = ? LIMIT 500",
-                                                 (name,))]
-                if not ids:
-                    break
-                changes = store.Changes() if self._tracking else None
-                store.begin(db, self._stop)
-                try:
-                    store.set_aside(db, name, ids, changes)
-                    self._commit(changes)
-                except BaseException:
-                    self._abort()
-                    raise
-                n += len(ids)
-            db.execute("DELETE FROM counts WHERE source = ?", (name,))
-            self.stats.per_source.pop(name, None)
-            log.info("source %s is no longer configured: %d files set aside (%.1fs), kept for "
-                     "the GC grace period with their embeddings: added back under this name, "
-                     "it is restored as it was", name, n, time.monotonic() - t0)
-            removed += n
-        self.unconfigured = set()
-        return removed
-
-    def restore(self, names: list[str]) -> Future:
-        """Put back the set-aside rows of these sources (configured again: a removal undone)
-        before they are scanned (a job runs before queued scans): their files as they were
-        indexed, chunks and vectors (from the cache) included; the scan then reads what
-        changed meanwhile. The future holds {name: files restored}."""
-        return self.run_job(functools.partial(self._restore, names=list(names)))
-
-    def _restore(self, db, names: list[str]) -> dict[str, int]:
-        out = {}
-        waiting = store.removed_sources(db)
-        for name in names:
-            if name not in waiting or self.cfg.source(name) is None:
-                continue
-            t0 = time.monotonic()
-            n = 0
-            while True:
-                changes = store.Changes() if self._tracking else None
-                store.begin(db, self._stop)
-                try:
-                    done = store.restore(db, name, 500, changes)
-                    if not done:
-                        db.execute("DELETE FROM removed_sources WHERE source = ?", (name,))
-                    self._commit(changes)
-                except BaseException:
-                    self._abort()
-                    raise
-                n += done
-                if not done:
-                    break
-            out[name] = n
-            log.info("source %s is configured again: %d files restored as they were (%.1fs); "
-                     "a scan reads what changed since", name, n, time.monotonic() - t0)
-        return out
-
     def _after_crash(self) -> None:
         """Restarted after an unexpected error: what was in hand may be lost; a scan finds it."""
         self.request_scan()
@@ -332,9 +224,7 @@ class Indexer:
         self._db = store.connect(self.db_path)
         self._ident = threading.get_ident()
         try:
-            self.hints |= {r[0] for r in self._db.execute(
-                "SELECT DISTINCT reason FROM files WHERE status = 'skipped' AND reason LIKE ?",
-                (documents.NEEDS_PDFTOTEXT + "%",))}
+            self.hints |= store.skipped_reasons(self._db, documents.NEEDS_PDFTOTEXT)
             while True:
                 with self._cv:
                     self._busy = False
@@ -421,124 +311,6 @@ class Indexer:
 
     def _source(self, name: str) -> Source | None:
         return self.cfg.source(name)
-
-    # -- scans ----------------------------------------------------------------------------------
-
-    def _scan(self, name: str, force: bool) -> None:
-        state = self.source_state(name)
-        try:
-            self._scan_source(name, force, state)
-        except Exception as e:
-            if store.transient(e):
-                with self._cv:  # do it again once the database is back
-                    self._scans[name] = self._scans.get(name, False) or force
-                self._paused(e)
-                return
-            state.last_error = f"scan failed: {type(e).__name__}: {e}"
-            log.exception("scan of source %s failed", name)
-        finally:
-            with self._cv:
-                state.scanning = name in self._scans
-
-    def _scan_source(self, name: str, force: bool, state: SourceState) -> None:
-        src = self._source(name)
-        if src is None:  # no longer configured
-            return
-        t0 = time.monotonic()
-        if not src.root.is_dir():
-            # An unmounted disk or a renamed folder is not "every file deleted".
-            missing = f"source folder {src.root} is missing; its files are kept"
-            if state.last_error != missing:  # said once, not at each scan while it lasts
-                state.last_error = missing
-                log.warning("source %s: %s", name, missing)
-                if self.events is not None:
-                    self.events.publish("error", source=name, message=missing)
-            return
-        if state.last_error and "is missing" in state.last_error:
-            state.last_error = None  # it is back
-        known = store.file_rows(self._db, name)
-        listing = sources.scan(src)
-        on_disk = listing.files
-        self._note_unlisted(src, state, listing)
-        changed = [rel for rel, seen in on_disk.items()
-                   if force or rel not in known or known[rel].size != seen.size
-                   or known[rel].mtime_ns != seen.mtime_ns]
-        # The most recently modified first: people search what they work on, and during a
-        # first index the notes indexed (and embedded) first are the ones found first.
-        changed.sort(key=lambda rel: -on_disk[rel].mtime_ns)
-        # Only what a listing that succeeded shows gone is gone.
-        gone_rels = {rel for rel in known.keys() - on_disk.keys() if listing.covers(rel)}
-        new_rels = [rel for rel in changed if rel not in known]
-        if gone_rels and new_rels:  # renamed or moved while we were not watching?
-            by_hash = {known[rel].hash: rel for rel in gone_rels
-                       if known[rel].hash and known[rel].status == "indexed"}
-            for rel in new_rels:
-                try:
-                    h = sources.read_bytes(src.root / rel, self.cfg.max_file_bytes,
-                                           src.root).hash
-                except sources.Unreadable:
-                    continue
-                old = by_hash.pop(h, None)
-                if old is not None:
-                    gone_rels.discard(old)
-                    changed.remove(rel)
-                    with self._cv:
-                        self._moves.append((name, old, rel))
-        if gone_rels:
-            changes = store.Changes() if self._tracking else None
-            store.begin(self._db, self._stop)
-            try:
-                for rel in gone_rels:
-                    store.delete_file(self._db, known[rel].id, changes)
-                    self._emit("removed", name, rel)
-                self._commit(changes)
-            except BaseException:
-                self._abort()
-                raise
-            self.stats.files_removed += len(gone_rels)
-        with self._cv:
-            for rel in changed:
-                self._paths[(name, rel)] = self._paths.get((name, rel), False) or force
-        self._resumed()
-        # the first scan and any that found something are news; a periodic one that found
-        # nothing is not (a quiet daemon logs nothing)
-        level = (logging.INFO if state.last_scan is None or changed or gone_rels
-                 or listing.unlisted else logging.DEBUG)
-        state.last_scan = time.time()
-        log.log(level, "scan %s: %d files, %d to index, %d removed%s (%.2fs)", name,
-                len(on_disk), len(changed), len(gone_rels),
-                f", {len(listing.unlisted)} unlisted kept" if listing.unlisted else "",
-                time.monotonic() - t0)
-
-    def _note_unlisted(self, src: Source, state: SourceState, listing: sources.Listing) -> None:
-        """Folders that could not be listed: their files are kept, the source is flagged, and
-        it is scanned again with a backoff until they can be."""
-        was = state.unlisted
-        state.unlisted = dict(listing.unlisted)
-        if not listing.unlisted:
-            if was:
-                log.info("source %s: every folder can be listed again", src.name)
-                if state.last_error and "could not be listed" in state.last_error:
-                    state.last_error = None
-            state.rescan_delay = RESCAN_START
-            return
-        if not any((src.root / d).exists() for d in listing.unlisted):
-            # Folders deleted (or moved away) while the scan walked them: nothing is wrong. Their
-            # files are kept until a listing shows them gone: the next scan, in a second.
-            state.unlisted = was
-            log.info("source %s: %d folder(s) went away while it was scanned; scanning again",
-                     src.name, len(listing.unlisted))
-            self.call_later(GONE_RESCAN, lambda: self.request_scan(src.name))
-            return
-        where, why = next(iter(sorted(listing.unlisted.items())))
-        state.last_error = (f"{len(listing.unlisted)} folder(s) could not be listed, e.g. "
-                            f"{sources.printable(where) or src.root}: {why}; the files under "
-                            f"them are kept; retrying in {state.rescan_delay:.0f} s")
-        if set(listing.unlisted) != set(was):
-            log.warning("source %s: %s", src.name, state.last_error)
-        self.call_later(state.rescan_delay, lambda: self.request_scan(src.name))
-        state.rescan_delay = min(state.rescan_delay * 2, max(RESCAN_START,
-                                                             self.cfg.scan_interval))
 
     # -- paths: prepare, then write ---------------------------------------------------------------
 
@@ -696,57 +468,6 @@ class Indexer:
         self._pending_events.clear()  # nothing of a rolled-back batch is told
         store.rollback(self._db)
 
-    def _apply(self, item: Item, changes: store.Changes | None) -> None:
-        """Write one item in a savepoint of its own: an error of its own is recorded against
-        the file and the batch goes on; an error of the database is raised (the batch rolls
-        back and is retried)."""
-        src = self._source(item.source)
-        if src is None or item.prepared.kind == "dropped":
-            return
-        db = self._db
-        mine = store.Changes() if changes is not None else None
-        db.execute("SAVEPOINT item")
-        try:
-            if item.old is not None:
-                self._move_one(src, item, mine)
-            else:
-                self._index_one(src, item.rel, item.prepared, mine)
-            db.execute("RELEASE item")
-        except Exception as e:
-            # An error of the database itself (disk full, I/O) may have rolled the whole
-            # transaction back already: the batch is retried, not this file recorded.
-            if store.transient(e) or not db.in_transaction:
-                raise
-            db.execute("ROLLBACK TO item")
-            db.execute("RELEASE item")
-            log.exception("failed to index %s/%s", src.name, sources.printable(item.rel))
-            self._record_failed(src, item.rel, f"{type(e).__name__}: {e}", mine)
-        if changes is not None:
-            changes.extend(mine)
-
-    def _record_failed(self, src: Source, rel: str, reason: str,
-                       changes: store.Changes | None) -> None:
-        db = self._db
-        size, mtime_ns = sources.stat_of(src.root / rel)
-        mine = store.Changes() if changes is not None else None
-        db.execute("SAVEPOINT failed")
-        try:
-            store.put_file(db, src.name, rel, size, mtime_ns, None, "failed", reason, [], mine)
-            db.execute("RELEASE failed")
-        except Exception as e:
-            if store.transient(e) or not db.in_transaction:
-                raise
-            db.execute("ROLLBACK TO failed")
-            db.execute("RELEASE failed")
-            log.exception("cannot record %s/%s as failed; it is left out",
-                          src.name, sources.printable(rel))
-            return
-        if changes is not None:
-            changes.extend(mine)
-        self.stats.files_failed += 1
-        self.source_state(src.name).last_error = f"{sources.printable(rel)}: {reason}"
-        self._emit("failed", src.name, rel, reason=reason)
-
     @property
     def _tracking(self) -> bool:
         """Is anyone mirroring chunk changes (the embedder)? If not, don't collect them."""
@@ -785,114 +506,8 @@ class Indexer:
             except Exception:  # committed all the same
                 log.exception("a commit hook failed")
 
-    def _move_one(self, src: Source, item: Item, changes: store.Changes | None) -> None:
-        """item.old was renamed or moved to item.rel. If the content is the same, the file row
-        and its chunks move with it (ids, embed hashes and so vectors unchanged: nothing is
-        embedded); only the heading path and keywords are refreshed. Otherwise: index the new
-        path, and forget the old one if it is gone."""
-        db = self._db
-        old, new, p = item.old, item.rel, item.prepared
-        row = store.file_row(db, src.name, old)
-        if row is not None and row["status"] == "indexed" and p.content is not None \
-                and p.content.hash == row["hash"]:
-            pieces = chunker.chunk_doc(p.content.doc, self.cfg.chunk_tokens,
-                                       self.cfg.chunk_overlap)
-            olds = db.execute("SELECT id, body, line_start, line_end FROM chunks WHERE "
-                              "file_id = ? ORDER BY ordinal", (row["id"],)).fetchall()
-            if _same_chunks(olds, pieces):
-                target = store.file_row(db, src.name, new)
-                if target is not None and target["id"] != row["id"]:  # moved over a file
-                    store.delete_file(db, target["id"], changes)
-                store.move_file(db, row["id"], new, p.content.size, p.content.mtime_ns,
-                                json.dumps(p.content.doc.meta(), ensure_ascii=False))
-                db.executemany("UPDATE chunks SET heading = ?, keywords = ? WHERE id = ?",
-                               [(q.heading, q.keywords, o["id"]) for o, q in zip(olds, pieces)])
-                self.stats.files_moved += 1
-                self._emit("moved", src.name, new,
-                           from_path=sources.printable(str(src.root / old)))
-                return
-        if row is None and p.content is not None:
-            target = store.file_row(db, src.name, new)
-            if target is not None and target["status"] == "indexed" \
-                    and target["hash"] == p.content.hash:
-                return  # this move was applied already (its item read before that)
-        if p.kind == "unchanged" and row is not None:
-            # unchanged against a row already at the new path, while the old row is there
-            # too: indexed afresh. (No old row: this move was applied already; nothing to do.)
-            p = Prepared("index", p.content, self._records(p.content))
-        self._index_one(src, new, p, changes)
-        self._index_one(src, old, item.old_prepared, changes)  # removed if it is gone
-
-    def _index_one(self, src: Source, rel: str, p: Prepared,
-                   changes: store.Changes | None) -> None:
-        # The stat stored is the one the content was read with: a file that changed again
-        # since is read again at its next event or scan.
-        db = self._db
-        row = store.file_row(db, src.name, rel)
-        if p.kind == "vanished":
-            if row is not None and not src.root.is_dir():
-                # Its source's folder is gone: moved away (inotify still reports what happens
-                # in it, under the old path) or unmounted. Not a sign that the file is gone:
-                # kept, and the scan says why.
-                self.request_scan(src.name)
-                return
-            if row is not None:
-                store.delete_file(db, row["id"], changes)
-                self.stats.files_removed += 1
-                self._emit("removed", src.name, rel)
-            return
-        if p.kind == "skipped" and p.retry and row is not None and row["status"] == "indexed":
-            # It could not be read just now (permission, I/O, a helper program): what was
-            # indexed stays searchable; the next change or scan tries again.
-            db.execute("UPDATE files SET reason = ? WHERE id = ?",
-                       (f"kept from an earlier read; reading it now failed: {p.reason}",
-                        row["id"]))
-            log.info("%s/%s could not be read (%s); keeping what was indexed", src.name,
-                     sources.printable(rel), p.reason)
-            self._emit("skipped", src.name, rel, reason=p.reason, kept=True)
-            return
-        if p.kind in ("skipped", "failed"):
-            size, mtime_ns = p.stat
-            store.put_file(db, src.name, rel, size, mtime_ns, None, p.kind, p.reason, [],
-                           changes)
-            if p.kind == "skipped":
-                self.stats.files_skipped += 1
-                log.info("skipped %s/%s: %s", src.name, sources.printable(rel), p.reason)
-            else:
-                self.stats.files_failed += 1
-                self.source_state(src.name).last_error = f"{sources.printable(rel)}: {p.reason}"
-            self._emit(p.kind, src.name, rel, reason=p.reason)
-            return
-        content = p.content
-        if p.kind == "unchanged":
-            if row is not None:
-                store.touch_file(db, row["id"], content.size, content.mtime_ns)
-            self.stats.files_unchanged += 1
-            return
-        doc = content.doc
-        records = p.records if p.records is not None else self._records(content)
-        embedded = None
-        if p.vectors is not None:
-            self.listener.put_vectors(db, *p.vectors)  # in this transaction
-            embedded = len(p.vectors[1])
-        store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
-                       "indexed", "; ".join(doc.warnings) or None, records, changes,
-                       meta=json.dumps(doc.meta(), ensure_ascii=False))
-        self.stats.files_indexed += 1
-        self.stats.chunks_written += len(records)
-        if embedded is None:
-            self._emit("indexed", src.name, rel, chunks=len(records))
-        else:  # its vectors committed with it
-            self._emit("indexed", src.name, rel, chunks=len(records), embedded=embedded)
-
 
 def _unchanged(row, content: loader.Loaded, force: bool) -> bool:
     """Is the file's content what the index already holds (so there is nothing to re-chunk)?"""
     return (not force and row is not None and row["hash"] == content.hash
             and row["status"] == "indexed")
-
-
-def _same_chunks(old: list, new: list) -> bool:
-    return len(old) == len(new) and all(
-        (o["body"], o["line_start"], o["line_end"]) == (n.body, n.line_start, n.line_end)
-        for o, n in zip(old, new))

@@ -325,6 +325,22 @@ def move_file(db: sqlite3.Connection, file_id: int, relpath: str, size: int, mti
                 file_id))
 
 
+def set_reason(db: sqlite3.Connection, file_id: int, reason: str) -> None:
+    """A file's reason changed, and nothing else (kept from an earlier read)."""
+    db.execute("UPDATE files SET reason = ? WHERE id = ?", (reason, file_id))
+
+
+def chunk_bodies(db: sqlite3.Connection, file_id: int) -> list[sqlite3.Row]:
+    """A file's chunks in order: id, body, line_start, line_end (what a move compares)."""
+    return db.execute("SELECT id, body, line_start, line_end FROM chunks WHERE file_id = ? "
+                      "ORDER BY ordinal", (file_id,)).fetchall()
+
+
+def set_headings(db: sqlite3.Connection, rows: Iterable[tuple[str, str, int]]) -> None:
+    """(heading, keywords, chunk id): a moved file's chunks under their new path."""
+    db.executemany("UPDATE chunks SET heading = ?, keywords = ? WHERE id = ?", rows)
+
+
 def touch_file(db: sqlite3.Connection, file_id: int, size: int, mtime_ns: int) -> None:
     """Same content, new stat: remember the stat so the next scan does not hash it again."""
     db.execute("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
@@ -373,6 +389,37 @@ def restore(db: sqlite3.Connection, source: str, limit: int,
         db.execute("UPDATE files SET indexed_at = ? WHERE id = ?", (r["indexed_at"], fid))
         db.execute("DELETE FROM removed_files WHERE id = ?", (r["id"],))
     return len(rows)
+
+
+def sources_present(db: sqlite3.Connection) -> set[str]:
+    """Sources the index holds rows of (from the counts the triggers keep)."""
+    return {r[0] for r in db.execute("SELECT DISTINCT source FROM counts WHERE n > 0")}
+
+
+def source_file_ids(db: sqlite3.Connection, source: str, limit: int) -> list[int]:
+    return [r[0] for r in db.execute("SELECT id FROM files WHERE source = ? LIMIT ?",
+                                     (source, limit))]
+
+
+def note_removed(db: sqlite3.Connection, source: str, reading, at: float) -> None:
+    """A source set aside: how it was last read, and when it was removed (the grace)."""
+    db.execute("INSERT OR REPLACE INTO removed_sources (source, reading, removed_at) "
+               "VALUES (?, ?, ?)", (source, json.dumps(reading), at))
+
+
+def forget_removed(db: sqlite3.Connection, source: str) -> None:
+    """A set-aside source restored in full: no longer waiting."""
+    db.execute("DELETE FROM removed_sources WHERE source = ?", (source,))
+
+
+def forget_counts(db: sqlite3.Connection, source: str) -> None:
+    db.execute("DELETE FROM counts WHERE source = ?", (source,))
+
+
+def skipped_reasons(db: sqlite3.Connection, prefix: str) -> set[str]:
+    """The reasons files were skipped for that begin with prefix (a missing helper program)."""
+    return {r[0] for r in db.execute("SELECT DISTINCT reason FROM files WHERE "
+                                     "status = 'skipped' AND reason LIKE ?", (prefix + "%",))}
 
 
 def removed_sources(db: sqlite3.Connection) -> dict[str, dict]:

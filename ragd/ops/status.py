@@ -15,7 +15,7 @@ from ragd.ops.parts import Parts
 from ragd.replies import OpError
 from ragd.search.fusion import PARTIAL_FUSION_FROM
 
-# The order texts wait for their vectors in (indexer._scan_source, VectorStore._load)
+# The order texts wait for their vectors in (scan.Scans._scan_source, VectorStore._load)
 EMBED_ORDER = "most recently modified notes first"
 EVENT_GRACE = 0.1  # seconds a wait gives an edit made just before it to be heard
 
