@@ -103,7 +103,7 @@ def coverage_case(args, tmp: Path) -> dict:
 
 
 def _summary(row: dict) -> dict:
-    return {m: {k: row[m]["overall"][k] for k in ("hit@1", "hit@5", "mrr@10")} for m in row}
+    return {m: {k: row[m]["overall"][k] for k in ("hit@1", "hit@3", "hit@5", "mrr@10")} for m in row}
 
 
 def latency_case(args, tmp: Path) -> dict:
