@@ -45,10 +45,10 @@ MODES = ("hybrid", "vector", "bm25")
 # the similarity threshold to be shown (Searcher._anything_relevant); a vector first hit this
 # far above it is trusted (Searcher._trusted).
 MEANING_MARGIN = 0.1
-# The rank a match by meaning that clear is lifted to when below it: while vectors are coming
-# (BM25's order otherwise), and once they are all in (fused).
-TRUSTED_RANK = 2
-TRUSTED_RANK_FULL = 3
+# The rank a match by meaning that clear is lifted to when below it, at any coverage: third,
+# not second, because each lift of a note that is not the answer pushes the answers below it
+# down one (docs/quality.md, "Search while vectors are coming").
+TRUSTED_RANK = 3
 
 
 @dataclass
@@ -141,7 +141,7 @@ class Searcher:
             key = "vector" if r.mode == "vector" else "bm25"
             ranked = [Candidate(c, q.parts[c][key], q.parts[c]) for c in q.lists.get(key, [])]
         self._weigh_boilerplate(db, ranked)
-        r.trusted = self._trusted(q.first, r.mode, r.coverage)
+        r.trusted = self._trusted(q.first, r.mode)
         r.timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
@@ -315,18 +315,16 @@ class Searcher:
             return self._nothing(r, filters.narrowed, "bm25")
         return True
 
-    def _trusted(self, first, mode: str, coverage: float) -> Trusted | None:
+    def _trusted(self, first, mode: str) -> Trusted | None:
         """The chunk the vectors rank first for the query itself (before dense feedback; not
         boilerplate) when its cosine clears the threshold by MEANING_MARGIN: a match by meaning
         this clear is never buried under keyword matches of the question's words ("why is my
         indoor tree losing its foliage" put the only note that answers behind AVL trees).
-        Hybrid only; its note is lifted to TRUSTED_RANK (while vectors are coming) or
-        TRUSTED_RANK_FULL."""
+        Hybrid only; its note is lifted to TRUSTED_RANK."""
         thr = self.threshold()
         if first is None or mode != "hybrid" or thr <= 0 or first[1] < thr + MEANING_MARGIN:
             return None
-        return Trusted(first[0], round(first[1], 4),
-                       TRUSTED_RANK if coverage < 1.0 else TRUSTED_RANK_FULL)
+        return Trusted(first[0], round(first[1], 4), TRUSTED_RANK)
 
     def _cut_weak_tail(self, ranked: dict[int, float], parts: dict[int, dict],
                        r: Ranking) -> None:
