@@ -61,6 +61,11 @@ class RelatedOps:
                         "reason": why, **partial}
             exclude = own | {b.file_id for b in self.p.buffers.active() if b.file_id is not None}
             top = related.nearest_notes(db, space.vectors, vecs, k, exclude)
+            # a note below the similarity bar of search's "nothing relevant" is not related:
+            # the nearest of unrelated notes are still someone's nearest
+            thr = self.p.searcher.threshold()
+            weak = top[0][1][1] if top and top[0][1][1] < thr else None
+            top = [t for t in top if t[1][1] >= thr]
             rows = self.results.chunks(db, [(cid, s, {"vector": round(s, 6)}) for _, (cid, s, _) in
                                       top], k)
             titles = self.results.titles(db, [fid for fid, _ in top])
@@ -74,7 +79,9 @@ class RelatedOps:
                "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), **partial}
         if not rows:
             out["reason"] = "no other note has vectors yet" if len(space.vectors) <= len(vecs) \
-                else "no other note is close in meaning"
+                else "no other note is close in meaning" + (
+                    f" (the best similarity {weak:.3f} is below the threshold {thr:.3f})"
+                    if weak is not None else "")
         elif coverage < 1.0:
             out["note"] = (f"vectors cover {100 * coverage:.0f}% of the index so far: notes not "
                            f"embedded yet are not compared")
