@@ -5,6 +5,7 @@ default (config.default.toml, the same text as the repository's config.toml)."""
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -190,8 +191,17 @@ def restore(path: Path, text: str | None) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """Atomically: a half-written config is never read."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomically: a half-written config is never read. The file keeps its mode (a config
+    holding a store token is chmod 600, and the replacing file must not undo that); a new one
+    is readable by its owner alone, as everything ragd writes."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = 0o600
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
     os.replace(tmp, path)

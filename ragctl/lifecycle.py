@@ -103,6 +103,13 @@ def _progress(args, sock, what: str = "indexing") -> None:
                 if first_vectors is None and vectors:
                     first_vectors = (time.monotonic(), vectors)
                 time.sleep(0.5)
+            # what is left to embed is known once the vectors are loaded (a restart embeds
+            # nothing it embedded before): a few seconds, not a guess from chunks - vectors
+            deadline = time.monotonic() + 15
+            while st.get("engines", {}).get("embedding", {}).get("pending_texts", 0) is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.5)
+                st = c.call("status")
         print()
         rate = None
         if first_vectors and time.monotonic() > first_vectors[0] + 1:
@@ -123,7 +130,9 @@ def _next_step(st: dict, rate: float | None = None) -> str:
     chunks = sum(s["chunks"] for s in st["sources"])
     todo = e.get("pending_texts")
     if todo is None:  # not counted yet: the engine is being prepared or started
-        todo = max(0, chunks - e.get("vectors", 0))
+        doing = st.get("doing") or "the embedding engine is starting"
+        return (f"keyword index ready ({chunks:,} chunks); vectors: {doing}; search works now, "
+                f"on keywords until the vectors are in; `ragctl status` to follow")
     if not todo:
         return "index ready: keywords and vectors of every chunk"
     if e.get("eta_s"):

@@ -208,3 +208,21 @@ def test_a_config_is_immutable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.search_k = 3
     assert isinstance(cfg.sources, tuple)
+
+
+def test_a_config_ragctl_writes_is_its_owners_alone_and_keeps_its_mode(tmp_path):
+    """A config ragctl creates (`sources add`, `start --source`) is 0600 in a 0700 folder, as
+    everything ragd writes; one the user made 0640 stays 0640 after an edit (the edit replaces
+    the file: it reset a chmod 600 of a file holding a store token to 0644)."""
+    import stat
+    from ragctl import configfile
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    path = tmp_path / "conf" / "config.toml"
+    configfile.add_source(path, tmp_path / "a", None, None)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    path.chmod(0o640)
+    configfile.add_source(path, tmp_path / "b", None, None)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert [p.name for p in path.parent.iterdir()] == ["config.toml"]  # no temporary left
