@@ -18,7 +18,7 @@ from ragd.ops.parts import Parts
 from ragd.ops.results import Results
 from ragd.replies import OpError
 from ragd.search import related
-from ragd.search.hybrid import Searcher
+from ragd.search.hybrid import MEANING_MARGIN, Searcher
 
 RELATED_CHUNKS = 32  # chunks of the asked note that look for neighbours
 RELATED_WAIT = 10.0  # seconds related waits for an unsaved buffer's new texts to be embedded
@@ -61,9 +61,11 @@ class RelatedOps:
                         "reason": why, **partial}
             exclude = own | {b.file_id for b in self.p.buffers.active() if b.file_id is not None}
             top = related.nearest_notes(db, space.vectors, vecs, k, exclude)
-            # a note below the similarity bar of search's "nothing relevant" is not related:
-            # the nearest of unrelated notes are still someone's nearest
-            thr = self.p.searcher.threshold()
+            # the nearest of unrelated notes are still someone's nearest: a note is related
+            # only over a bar MEANING_MARGIN under search's threshold (the threshold is a
+            # question's against a passage's; two passages on one topic, each of its own
+            # words, sit lower: an ADR note and a decision log at 0.27)
+            thr = max(0.0, self.p.searcher.threshold() - MEANING_MARGIN)
             weak = top[0][1][1] if top and top[0][1][1] < thr else None
             top = [t for t in top if t[1][1] >= thr]
             rows = self.results.chunks(db, [(cid, s, {"vector": round(s, 6)}) for _, (cid, s, _) in
