@@ -219,6 +219,22 @@ def do_service(args) -> int:
     return 0
 
 
+def _alive(pid: int) -> bool:
+    """Whether the process still runs. An exited one that its parent has not reaped yet (a
+    zombie: ragd's parent is init, which in a container may reap it a second or two later)
+    has stopped, though a signal 0 still finds it."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # pid (comm) state ...: comm may hold spaces and parentheses, so after the last ")"
+            return f.read().rpartition(b")")[2].split()[:1] != [b"Z"]
+    except OSError:  # (no /proc, as on macOS: signal 0 is all there is)
+        return True
+
+
 def do_stop(args) -> int:
     try:
         result = call(args, "stop")
@@ -233,11 +249,7 @@ def do_stop(args) -> int:
     if not args.json:  # (ragd stops within seconds: said, so the wait is not a silent one)
         print(f"stopping ragd (pid {pid})…", flush=True)
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        except PermissionError:
+        if not _alive(pid):
             break
         time.sleep(0.02)
     else:

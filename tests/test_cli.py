@@ -5,6 +5,7 @@ typo never reaches the one that runs."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -77,3 +78,26 @@ def test_a_typo_reaches_no_daemon(make_daemon):
         r = ragctl("--config", d.config, "stpo")
         assert r.returncode == 2 and "did you mean `stop`?" in r.stderr
         assert d.proc.poll() is None and d.call("ping")["pid"] == d.proc.pid
+
+
+def test_stop_counts_an_exited_daemon_not_yet_reaped_as_stopped():
+    """ragd's parent is init; in a container init may reap it a second or two after it
+    exits, and `ragctl stop` waited for that (signal 0 finds a zombie): an idle stop took
+    1.4-2 s of which ragd used 0.1. A zombie has stopped; a live process has not."""
+    import subprocess
+    import sys
+    from ragctl.lifecycle import _alive
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        assert _alive(child.pid)
+        child.stdin.close()  # it exits; not reaped until wait()
+        deadline = time.monotonic() + 10
+        while _alive(child.pid):
+            assert time.monotonic() < deadline, "an exited child still counted alive"
+            time.sleep(0.02)
+        with open(f"/proc/{child.pid}/stat", "rb") as f:  # (still there, a zombie)
+            assert f.read().rpartition(b")")[2].split()[0] == b"Z"
+    finally:
+        child.wait()
+    assert not _alive(child.pid)
