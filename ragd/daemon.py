@@ -12,9 +12,15 @@ import os
 import signal
 import sys
 
-from ragd import __version__, config, server
-from ragd.index import store
-from ragd.runtime import Runtime
+# numpy's BLAS on one thread, set before numpy is loaded: its worker threads spin for about a
+# tenth of a second after each product (a search's matrix-vector product of the vectors), and
+# with the query engine's threads on every core that spin held up the next query's embedding
+# (7 ms became 100 ms). One thread does a 10k-vector product in well under a millisecond.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from ragd import __version__, config, server  # noqa: E402
+from ragd.index import store  # noqa: E402
+from ragd.runtime import Runtime  # noqa: E402
 
 log = logging.getLogger("ragd")
 
