@@ -114,8 +114,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("engines", "llama_server", "llama_server", str, "", RESTART,
       'A native llama.cpp llama-server binary to run the models with; "" runs the bundled '
       "engine."),
-    S("engines", "threads", "engine_threads", int, 2, RESTART,
-      "CPU threads per engine.", low=1),
+    S("engines", "threads", "engine_threads", int, 0, RESTART,
+      "CPU threads per engine; 0 uses every core ragd may run on.", low=0),
     S("engines", "startup_timeout", "engine_startup_timeout", float, 60.0, RESTART,
       "Seconds an engine may take to become healthy before it counts as failed.", low=1),
     S("engines", "max_restarts", "engine_max_restarts", int, 5, RESTART,

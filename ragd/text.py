@@ -182,6 +182,22 @@ def index_tokens(db: sqlite3.Connection, texts: list[str]) -> list[str]:
     return [" ".join(w) for w in words]
 
 
+# A query word's stems (index_tokens), kept: the tokenizer is fixed, and a search asks for the
+# same few words over and over (three SQL statements each time otherwise).
+_WORD_TOKENS: dict[str, str] = {}
+WORD_TOKENS_KEPT = 4096
+
+
+def word_tokens(db: sqlite3.Connection, words: list[str]) -> list[str]:
+    """index_tokens of short texts (query words), from what is kept when asked before."""
+    new = [w for w in dict.fromkeys(words) if w not in _WORD_TOKENS]
+    if new:
+        if len(_WORD_TOKENS) + len(new) > WORD_TOKENS_KEPT:
+            _WORD_TOKENS.clear()
+        _WORD_TOKENS.update(zip(new, index_tokens(db, new)))
+    return [_WORD_TOKENS[w] if w in _WORD_TOKENS else index_tokens(db, [w])[0] for w in words]
+
+
 # Weights of notes_fts's columns (title, aliases and tags, headings, body), as the chunks'.
 NOTE_COLUMN_WEIGHTS = (HEADING_WEIGHT, KEYWORDS_WEIGHT, HEADING_WEIGHT, TEXT_WEIGHT)
 NOTE_WEIGHTS = ", ".join(map(str, NOTE_COLUMN_WEIGHTS))

@@ -96,7 +96,8 @@ class FakeEngines:
         self.configured = {"embedding"}
         self.embed_model = model
         self.rerank_engine = None
-        self._engine = SimpleNamespace(client=embedder, ready=True, state="ready")
+        self._engine = SimpleNamespace(client=embedder, ready=True, state="ready",
+                                       takes_every_core=False)
 
     def query_engine_ready(self, model):
         return self._engine

@@ -45,6 +45,14 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind)
         assert e["nice"] == 10 and q["nice"] == 0
         assert os.getpriority(os.PRIO_PROCESS, e["pid"]) - \
             os.getpriority(os.PRIO_PROCESS, q["pid"]) == 10
+        # [engines] threads = 0: both take every core (one query's embedding in half the
+        # time on two cores), and are started so
+        cores = len(os.sched_getaffinity(0))
+        assert e["threads"] == q["threads"] == cores
+        for pid in (e["pid"], q["pid"]):
+            args = open(f"/proc/{pid}/cmdline").read().split("\0")
+            flag = "-t" if "-t" in args else "--threads"
+            assert args[args.index(flag) + 1] == str(cores)
         res = d.call("search", query="make a task repeat on a schedule", k=5)
         assert res["mode"] == "hybrid" and res["degraded"] is False
         assert res["vector_coverage"] == 1.0

@@ -16,7 +16,7 @@ import time
 
 from ragd.engines import models
 from ragd.engines.models import ModelError, ResolvedModel
-from ragd.engines.supervisor import Engine, EngineSettings
+from ragd.engines.supervisor import Engine, EngineSettings, cores
 
 # Niceness of the bulk embedding engine when a query engine runs beside it (os.nice: 10 gives
 # a nice-0 process about 10x its share of a contended core).
@@ -33,8 +33,10 @@ class Engines:
         self.embed_model: ResolvedModel | None = None
         self.rerank_model: ResolvedModel | None = None
         self.embed_engine: Engine | None = None
-        # A second, small engine for query embeddings (same model, one thread): a search never
-        # waits behind a bulk embedding batch ([embedding] query_engine).
+        # A second engine for query embeddings (same model, as many threads as the bulk one:
+        # one query's embedding takes half as long on two cores as on one): a search never
+        # waits behind a bulk embedding batch ([embedding] query_engine), and the bulk engine
+        # runs niced (BULK_NICE), so the query's threads take the cores first.
         self.query_engine: Engine | None = None
         # During a model switch: the new model's engine, filling its space beside the old.
         self.next_model: ResolvedModel | None = None
@@ -48,7 +50,7 @@ class Engines:
         self._embedding_again = False  # the config named another model while one was prepared
         self._thread = threading.Thread(target=self._setup, name="engines-setup", daemon=True)
         self._stopped = threading.Event()
-        self.settings = EngineSettings(cfg.llama_server, cfg.engine_threads,
+        self.settings = EngineSettings(cfg.llama_server, cores(cfg.engine_threads),
                                        cfg.engine_startup_timeout, cfg.engine_max_restarts,
                                        cfg.engine_restart_window, cfg.engine_health_interval,
                                        failed_retry=cfg.engine_failed_retry)
@@ -176,8 +178,7 @@ class Engines:
             self.embed_engine = Engine("embedding", model, self._bulk_settings(), run_dir,
                                        log_dir)
             if self.cfg.query_engine:
-                self.query_engine = Engine("query", model, dataclasses.replace(
-                    self.settings, threads=1), run_dir, log_dir)
+                self.query_engine = Engine("query", model, self.settings, run_dir, log_dir)
             if self._stopped.is_set():
                 return self.embed_engine
             self.embed_engine.start()
@@ -222,8 +223,8 @@ class Engines:
             e.stop()
         with self._lock:
             if self.cfg.query_engine and not self._stopped.is_set():
-                self.query_engine = Engine("query", self.embed_model, dataclasses.replace(
-                    self.settings, threads=1), run_dir, log_dir)
+                self.query_engine = Engine("query", self.embed_model, self.settings,
+                                           run_dir, log_dir)
                 self.query_engine.start()
 
     def drop_next(self) -> None:
@@ -296,7 +297,7 @@ class Engines:
         if self.query_engine is not None and "embedding" in out:
             q = self.query_engine.status()
             out["embedding"]["query_engine"] = {k: q[k] for k in ("state", "pid", "restarts",
-                                                                  "reason", "nice",
+                                                                  "reason", "nice", "threads",
                                                                   "next_try")}
         return out
 

@@ -77,6 +77,17 @@ class EngineSettings:
     nice: int = 0
 
 
+def cores(threads: int) -> int:
+    """[engines] threads as an engine's thread count: 0 is every core this process may run
+    on (its CPU affinity, which a container or taskset narrows)."""
+    if threads > 0:
+        return threads
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _child_setup(nice: int):
     def setup() -> None:  # runs in the child between fork and exec
         _set_pdeathsig()
@@ -175,6 +186,12 @@ class Engine:
     def ready(self) -> bool:
         return self._ready.is_set()
 
+    @property
+    def takes_every_core(self) -> bool:
+        """Its threads are as many as the cores ragd may run on: work run beside one of its
+        requests slows that request by about as much as the work itself."""
+        return self.settings.threads >= cores(0)
+
     def retry(self) -> bool:
         """A failed engine is tried again now (a reload asks); False when it is not failed."""
         if self.state != FAILED:
@@ -201,7 +218,8 @@ class Engine:
                 "restarts": self.restarts, "model": self.model.name,
                 "model_path": str(self.model.path),
                 "engine": self.settings.llama_server or "bundled (xllamacpp)",
-                "nice": self.settings.nice, "socket": str(self.socket),
+                "nice": self.settings.nice, "threads": self.settings.threads,
+                "socket": str(self.socket),
                 "log": str(self.log_path),
                 "next_try": round(self.next_try, 3) if self.state == FAILED and self.next_try
                 else None}

@@ -50,7 +50,8 @@ import uuid
 from pathlib import Path
 
 from ragd.index import outbox, store
-from ragd.text import COMMON_SHARE, index_tokens, note_keywords, query_parts, symbols
+from ragd.text import (COMMON_SHARE, index_tokens, note_keywords, query_parts, symbols,
+                       word_tokens)
 
 log = logging.getLogger("ragd.textindex")
 
@@ -376,7 +377,7 @@ class TextIndex(outbox.OutboxSync):
         signs = list(dict.fromkeys(symbols(query)))
         if not (parts or signs) or searcher is None:
             return []
-        words = index_tokens(db, [p.strip('"') for p in parts]) + signs
+        words = word_tokens(db, [p.strip('"') for p in parts]) + signs
         total = max(searcher.num_docs, 1)
         clauses, kept = [], []
         for part, toks in zip(parts + signs, words):

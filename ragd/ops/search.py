@@ -76,9 +76,10 @@ class SearchOps:
             else:
                 results = self.results.chunks(
                     db, [(c.chunk_id, c.score, c.parts) for c in r.candidates], k)
+        matcher = bm25.LineMatcher(query)
         for res in results:
             res.pop("chunk_id", None)
-            at = bm25.matching_lines(res["text"], res["line_start"], query)
+            at = matcher.lines(res["text"], res["line_start"])
             if res["path"].lower().endswith(".pdf"):  # its range counts pages; a chunk is in one
                 at = [res["line_start"]] if at else []  # (they were its lines: past its end)
             res["match_lines"] = at

@@ -93,31 +93,51 @@ def _same(word: str, stem: str) -> bool:
     return word.startswith(stem) or (len(word) >= 4 and stem.startswith(word))
 
 
+class LineMatcher:
+    """Which lines of a text hold a query's match (its `lines`): each quoted phrase where its
+    words stand in a row (every line of one that runs across lines), a content word of the
+    query, a symbol. A line holding only some words of a phrase does not match it: so a code
+    block is among the lines shown only when the match is in it ("proxy_pass" is no line of
+    "reverse proxy"). Made once per query and used for every result: a word is stemmed and
+    compared once, however many lines and results hold it."""
+
+    def __init__(self, query: str):
+        self.stems = {_stem(w) for w in content_terms(query) if not w.startswith('"')}
+        phrases = [[_stem(w) for w in TOKEN.findall(p)] for p in PHRASE.findall(query)]
+        self.phrases = [p for p in phrases if p]
+        self.signs = set(symbols(query))
+        self._word: dict[str, bool] = {}  # a text word -> it stands for a content word
+
+    def _matches(self, word: str) -> bool:
+        hit = self._word.get(word)
+        if hit is None:
+            stem = _stem(word)
+            hit = self._word[word] = any(_same(stem, s) for s in self.stems)
+        return hit
+
+    def lines(self, text: str, line_start: int) -> list[int]:
+        """The (1-based, counted from line_start) lines of text that hold the match."""
+        if not self.stems and not self.signs and not self.phrases:
+            return []
+        lines = text.split("\n")
+        out: set[int] = set()
+        if self.phrases:
+            words = [(i, _stem(w)) for i, line in enumerate(lines) for w in TOKEN.findall(line)]
+            for p in self.phrases:
+                for at in range(len(words) - len(p) + 1):
+                    if all(_same(words[at + j][1], s) for j, s in enumerate(p)):
+                        out.update(range(words[at][0], words[at + len(p) - 1][0] + 1))
+        match, signs = self._matches, self.signs
+        for i, line in enumerate(lines):
+            if self.stems and any(match(w) for w in TOKEN.findall(line)) or \
+                    any(ch in line for ch in signs):
+                out.add(i)
+        return [line_start + i for i in sorted(out)]
+
+
 def matching_lines(text: str, line_start: int, query: str) -> list[int]:
-    """The (1-based) lines of a chunk's text that hold the query's match: each quoted phrase
-    where its words stand in a row (every line of one that runs across lines), a content word
-    of the query, a symbol. A line holding only some words of a phrase does not match it: so
-    a code block is among the lines shown only when the match is in it ("proxy_pass" is no
-    line of "reverse proxy")."""
-    stems = {_stem(w) for w in content_terms(query) if not w.startswith('"')}
-    phrases = [[_stem(w) for w in TOKEN.findall(p)] for p in PHRASE.findall(query)]
-    phrases = [p for p in phrases if p]
-    signs = set(symbols(query))
-    if not stems and not signs and not phrases:
-        return []
-    lines = text.split("\n")
-    out: set[int] = set()
-    if phrases:
-        words = [(i, _stem(w)) for i, line in enumerate(lines) for w in TOKEN.findall(line)]
-        for p in phrases:
-            for at in range(len(words) - len(p) + 1):
-                if all(_same(words[at + j][1], s) for j, s in enumerate(p)):
-                    out.update(range(words[at][0], words[at + len(p) - 1][0] + 1))
-    for i, line in enumerate(lines):
-        if stems and any(_same(_stem(w), s) for w in TOKEN.findall(line) for s in stems) or \
-                any(ch in line for ch in signs):
-            out.add(i)
-    return [line_start + i for i in sorted(out)]
+    """LineMatcher(query).lines(text, line_start), for one text."""
+    return LineMatcher(query).lines(text, line_start)
 
 
 def content_match(db: sqlite3.Connection, query: str, filters: Filters | None = None) -> bool:

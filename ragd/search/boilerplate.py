@@ -27,4 +27,4 @@ def weight(shared: int) -> float:
 
 def shared(db: sqlite3.Connection, chunk_ids) -> dict[int, int]:
     """chunk id -> how many notes share its text, for the chunks that are boilerplate."""
-    return {c: n for c, n in store.shared_text_counts(db, chunk_ids).items() if n >= SHARED_MIN}
+    return store.shared_text_counts(db, chunk_ids, SHARED_MIN)

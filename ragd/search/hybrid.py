@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +37,8 @@ from ragd.search.filters import Filters
 from ragd.search.fusion import (PARTIAL_FUSION_FROM, Candidate, bm25_order, convex,
                                 effective_share, lift, partial_rrf, unit, vector_weight)
 from ragd.search.ranking import Ranking, Trusted
-from ragd.text import COMMON_SHARE, HYBRID_COMMON_SHARE, chunk_rows, symbols
+from ragd.text import (COMMON_SHARE, HYBRID_COMMON_SHARE, chunk_rows, content_terms,
+                       symbols)
 
 MODES = ("hybrid", "vector", "bm25")
 
@@ -193,8 +194,13 @@ class Searcher:
         if r.mode in ("hybrid", "vector") and "embedding" not in self.engines.configured:
             r.mode = "bm25"  # dense search is off by configuration: not degraded
         # The query's embedding is asked for first and BM25 runs while the engine works on it:
-        # a hybrid search costs max(embedding, BM25), not their sum.
-        embedding = self._embed_query(q.text) if r.mode in ("hybrid", "vector") else None
+        # a hybrid search costs max(embedding, BM25), not their sum — unless the engine's
+        # threads take every core: then anything run beside them only slows them (their
+        # threads wait for each other at every layer, and one without a core holds up all).
+        embedding, alone = self._embed_query(q.text) if r.mode in ("hybrid", "vector") \
+            else (None, False)
+        if alone:
+            wait([embedding])
         if r.mode == "hybrid":
             space = self.vectors.active
             coverage = self._coverage(q.db, space.vectors) if space is not None else 1.0
@@ -296,7 +302,7 @@ class Searcher:
                 r.below_threshold = True
             return True
         keywords = bool(lists.get("bm25")) and (
-            q.signed or bm25.content_match(q.db, q.text, filters)
+            q.signed or self._content_match(q)
             or any(store.unsaved(c) for c in lists["bm25"]))  # (an unsaved buffer's chunk matched)
         if not keywords and "vector" in lists and not weak_vectors and thr > 0:
             r.meaning_bar = round(thr + MEANING_MARGIN, 4)
@@ -314,6 +320,18 @@ class Searcher:
         elif r.mode == "bm25" and not keywords:
             return self._nothing(r, filters.narrowed, "bm25")
         return True
+
+    @staticmethod
+    def _content_match(q: _Query) -> bool:
+        """Does some chunk the filters let through hold a content word (or phrase, or symbol)
+        of the query? From the words' chunk counts BM25 read (q.dfs) when it read every
+        word's and no filter narrows the chunks, else asked of FTS5."""
+        words = content_terms(q.text)
+        counts = [q.dfs.get(f'"{w}"') for w in words]
+        if q.filters.active or not words or any(w.startswith('"') for w in words) \
+                or None in counts or symbols(q.text):
+            return bm25.content_match(q.db, q.text, q.filters)
+        return any(counts)
 
     def _trusted(self, first, mode: str) -> Trusted | None:
         """The chunk the vectors rank first for the query itself (before dense feedback; not
@@ -375,19 +393,22 @@ class Searcher:
 
     # -- the rankings -----------------------------------------------------------------------------
 
-    def _embed_query(self, query: str) -> Future:
+    def _embed_query(self, query: str) -> tuple[Future, bool]:
         """Start embedding the query (on a thread of the pool; the engine call waits on a
-        socket, so BM25 runs meanwhile). Returns a future of an _Embedded or of why not (a
-        str); the thread writes nothing else."""
+        socket, so BM25 can run meanwhile). Returns a future of an _Embedded or of why not (a
+        str) — the thread writes nothing else — and whether the engine's threads take every
+        core (then nothing should run beside them)."""
         engines = self.engines
         space = self.vectors.active
         if space is None:
-            return _done(engines.unavailable("embedding") or "the embedding engine is starting")
+            return _done(engines.unavailable("embedding")
+                         or "the embedding engine is starting"), False
         # The query engine, when it runs: the main one may be busy with a bulk batch (or
         # restarting: then the query engine still answers, and the other way round).
         engine = engines.query_engine_ready(space.model)
         if engine is None:
-            return _done(engines.unavailable("embedding") or "the embedding engine is starting")
+            return _done(engines.unavailable("embedding")
+                         or "the embedding engine is starting"), False
 
         def embed():
             t = time.perf_counter()
@@ -405,7 +426,7 @@ class Searcher:
                 return f"the embedding engine is unavailable: {e}"
             return _Embedded(space, qv, round((time.perf_counter() - t) * 1e3, 2), truncated)
 
-        return self._pool.submit(embed)
+        return self._pool.submit(embed), engine.takes_every_core
 
     @staticmethod
     def _coverage(db, vectors) -> float:

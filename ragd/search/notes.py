@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from ragd.index import store
 from ragd.search import bm25
 from ragd.search.fusion import minmax
-from ragd.text import (chunk_rows, content_terms, doc_freq, index_tokens, note_terms,
-                       symbol_words, symbols)
+from ragd.text import (chunk_rows, content_terms, doc_freq, note_terms, symbol_words, symbols,
+                       word_tokens)
 
 LENGTH_DAMPING = 0.03
 LOW_CONFIDENCE = 0.25
@@ -73,7 +73,7 @@ def firsts(db: sqlite3.Connection, ranked: list, m: int, overlay=None) -> list:
     """The best chunk of each of the first m notes of a ranked chunk list."""
     seen: set[int] = set()
     out = []
-    files = _files_of(db, [c.chunk_id for c in ranked[:max(m * 20, 200)]], overlay)
+    files = files_of(db, [c.chunk_id for c in ranked[:max(m * 20, 200)]], overlay)
     for c in ranked:
         fid = files.get(c.chunk_id)
         if fid is None or fid in seen:
@@ -93,7 +93,8 @@ def bm25_stems(db: sqlite3.Connection, text: str) -> list[str]:
     return [t for (t,) in db.execute("SELECT term FROM temp.stem_v")]
 
 
-def _files_of(db: sqlite3.Connection, ids: list[int], overlay=None) -> dict[int, int]:
+def files_of(db: sqlite3.Connection, ids: list[int], overlay=None) -> dict[int, int]:
+    """chunk id -> its note's file id (an unsaved buffer's chunk: its note's negative id)."""
     out: dict[int, int] = {}
     for cid in ids:
         if store.unsaved(cid) and overlay is not None and (hit := overlay.chunk(cid)):
@@ -112,7 +113,7 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
     text, searcher = text if text is not None else (None, None)
     words = [w for w in content_terms(query) if not w.startswith('"')]
     signs = list(dict.fromkeys(symbols(query)))
-    stems = ([t.split() for t in index_tokens(db, words)] + [[s] for s in signs]
+    stems = ([t.split() for t in word_tokens(db, words)] + [[s] for s in signs]
              if searcher is not None else None)
     # a symbol: itself to tantivy, the word FTS5 holds it by to FTS5 (symbol_words)
     words += signs if searcher is not None else [symbol_words(s) for s in signs]

@@ -19,15 +19,17 @@ def choose(db: sqlite3.Connection, top: list, query: str) -> None:
     the note's still) if it is not short, scored nearly as well (SECOND_SHARE) and carries the
     match as well: it holds a word of the query when the short one does. Else the short one
     stays, and `widen` shows the section around it."""
-    texts = store.chunk_texts(db, [c.chunk_id for n in top for c in n.chunks[:10]])
-    for n in top:
-        short = texts.get(n.best.chunk_id)
-        if short is None or len(short) >= MIN_PASSAGE:
-            continue
-        worded = bool(bm25.matching_lines(short, 1, query))
+    texts = store.chunk_texts(db, [n.best.chunk_id for n in top])
+    short = [n for n in top if len(texts.get(n.best.chunk_id, "x" * MIN_PASSAGE)) < MIN_PASSAGE]
+    if not short:  # (the usual case: only the notes with a short best chunk read the others)
+        return
+    texts.update(store.chunk_texts(db, [c.chunk_id for n in short for c in n.chunks[1:10]]))
+    matcher = bm25.LineMatcher(query)
+    for n in short:
+        worded = bool(matcher.lines(texts[n.best.chunk_id], 1))
         at = next((i for i, c in enumerate(n.chunks[:10]) if i and len(
             texts.get(c.chunk_id, "")) >= MIN_PASSAGE and c.score >= SECOND_SHARE * n.best.score
-            and (not worded or bm25.matching_lines(texts[c.chunk_id], 1, query))), None)
+            and (not worded or matcher.lines(texts[c.chunk_id], 1))), None)
         if at is not None:
             n.chunks.insert(0, n.chunks.pop(at))
 
