@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--model", type=Path, default=EMBED_MODEL)
+    ap.add_argument("--dtypes", default="f16",
+                    help="how the graph stores its vectors, each compared: f16,i8")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if len(args.index) == 1:
@@ -109,22 +111,28 @@ def main() -> None:
         n = min(n, len(ids))
         exact = VectorIndex(mat.shape[1])
         exact.add(ids[:n].tolist(), mat[:n], files[:n].tolist())
-        t = time.perf_counter()
-        graph = AnnIndex.from_rows(mat.shape[1], None, ids[:n], files[:n], mat[:n], threads=1)
-        build_s = time.perf_counter() - t
         ex_tops, ex_lat = timed_search(exact, qv, 10)
-        gr_tops, gr_lat = timed_search(graph, qv, 10)
-        recall = float(np.mean([len(a & b) / max(1, len(a)) for a, b in zip(ex_tops, gr_tops)]))
-        row = {"vectors": n, "recall_at_10": round(recall, 4),
-               "exact_p50_ms": round(pct(ex_lat, 50), 3), "exact_p95_ms": round(pct(ex_lat, 95), 3),
-               "hnsw_p50_ms": round(pct(gr_lat, 50), 3), "hnsw_p95_ms": round(pct(gr_lat, 95), 3),
-               "hnsw_build_s": round(build_s, 1),
-               "exact_over_hnsw_p50": round(pct(ex_lat, 50) / pct(gr_lat, 50), 1)}
-        out.append(row)
-        print(f"{n:>8} vectors: recall@10 {row['recall_at_10']:.4f}; exact p50 "
-              f"{row['exact_p50_ms']} ms (p95 {row['exact_p95_ms']}), hnsw p50 "
-              f"{row['hnsw_p50_ms']} ms (p95 {row['hnsw_p95_ms']}), {row['exact_over_hnsw_p50']}x; "
-              f"graph built in {row['hnsw_build_s']} s (1 thread)", flush=True)
+        for dtype in args.dtypes.split(","):
+            t = time.perf_counter()
+            graph = AnnIndex.from_rows(mat.shape[1], None, ids[:n], files[:n], mat[:n],
+                                       threads=1, dtype=dtype)
+            build_s = time.perf_counter() - t
+            gr_tops, gr_lat = timed_search(graph, qv, 10)
+            recall = float(np.mean([len(a & b) / max(1, len(a))
+                                    for a, b in zip(ex_tops, gr_tops)]))
+            row = {"vectors": n, "dtype": dtype, "recall_at_10": round(recall, 4),
+                   "exact_p50_ms": round(pct(ex_lat, 50), 3),
+                   "exact_p95_ms": round(pct(ex_lat, 95), 3),
+                   "hnsw_p50_ms": round(pct(gr_lat, 50), 3),
+                   "hnsw_p95_ms": round(pct(gr_lat, 95), 3),
+                   "hnsw_build_s": round(build_s, 1), "hnsw_mb": round(graph.nbytes / 2**20, 1),
+                   "exact_over_hnsw_p50": round(pct(ex_lat, 50) / pct(gr_lat, 50), 1)}
+            out.append(row)
+            print(f"{n:>8} vectors, graph of {dtype}: recall@10 {row['recall_at_10']:.4f}; "
+                  f"exact p50 {row['exact_p50_ms']} ms (p95 {row['exact_p95_ms']}), hnsw p50 "
+                  f"{row['hnsw_p50_ms']} ms (p95 {row['hnsw_p95_ms']}), "
+                  f"{row['exact_over_hnsw_p50']}x; graph {row['hnsw_mb']} MB, built in "
+                  f"{row['hnsw_build_s']} s (1 thread)", flush=True)
     name = "ann" if len(args.index) == 1 else "ann-real"
     saved = save(name, {"index": [str(i) for i in args.index], "queries": len(qv), "sizes": out})
     print(f"saved {saved}")

@@ -320,6 +320,28 @@ def m009_note_dates(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE files ADD COLUMN note_date_ns INTEGER")
 
 
+@migration
+def m010_chunks_generation(db: sqlite3.Connection) -> None:
+    """A count of every change to the chunks table (a chunk added or removed, or its text hash
+    or file changed), bumped by triggers in the writer's own transaction. A vector snapshot
+    records it: equal at the next start, the chunks are those the snapshot was taken of, and
+    nothing needs to be read back to check it (a million rows of ids and hashes, 1.4 s).
+    (IF NOT EXISTS: an index whose user_version was set back keeps its triggers.)"""
+    run_script(db, """
+        INSERT OR IGNORE INTO meta (key, value) VALUES ('chunks_gen', 0);
+        CREATE TRIGGER IF NOT EXISTS chunks_gen_ai AFTER INSERT ON chunks BEGIN
+            UPDATE meta SET value = value + 1 WHERE key = 'chunks_gen';
+        END;
+        CREATE TRIGGER IF NOT EXISTS chunks_gen_ad AFTER DELETE ON chunks BEGIN
+            UPDATE meta SET value = value + 1 WHERE key = 'chunks_gen';
+        END;
+        CREATE TRIGGER IF NOT EXISTS chunks_gen_au AFTER UPDATE OF file_id, embed_hash
+                ON chunks BEGIN
+            UPDATE meta SET value = value + 1 WHERE key = 'chunks_gen';
+        END;
+    """)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -476,6 +476,12 @@ def count_files(db: sqlite3.Connection) -> int:
     return db.execute("SELECT COUNT(*) FROM files").fetchone()[0]
 
 
+def chunks_gen(db: sqlite3.Connection) -> int:
+    """How many changes the chunks table has had (schema.m010): equal, no chunk changed."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'chunks_gen'").fetchone()
+    return int(row[0]) if row is not None else -1
+
+
 def chunk_texts(db: sqlite3.Connection, ids) -> dict[int, str]:
     """chunk id -> its shown text."""
     out: dict[int, str] = {}

@@ -20,6 +20,7 @@ table by (chunk id, text hash) — what changed since is read from the cache, no
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import sqlite3
 import threading
@@ -34,6 +35,7 @@ from ragd.index import store
 from ragd.index.ann import AnnIndex
 from ragd.index.space import Space
 from ragd.index.vectors import VectorIndex, from_blob, to_blob
+from ragd.text import chunk_rows
 
 log = logging.getLogger("ragd.vectors")
 
@@ -330,7 +332,12 @@ class VectorStore:
     def _load(self, db: sqlite3.Connection, space: Space, skip: set[str]) -> tuple[str, bool]:
         """Fill the matrix and the queue: from the snapshot when there is one (then only the
         chunks it lacks, or holds with another text, are read from the cache), else from the
-        cache in one pass. Returns how, and whether the snapshot on disk is behind the matrix."""
+        cache in one pass. Returns how, and whether the snapshot on disk is behind the matrix.
+        A snapshot of every chunk, taken at the chunks' generation of now, is loaded as it
+        is: nothing to check, nothing to queue."""
+        if self._load_current(db, space):
+            saved = "saved graph" if isinstance(space.vectors, AnnIndex) else "snapshot"
+            return f": all from the {saved} (no chunk changed since it was taken)", False
         rows = db.execute("SELECT id, file_id, embed_hash FROM chunks ORDER BY id").fetchall()
         cur_ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
         cur_files = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
@@ -381,6 +388,30 @@ class VectorStore:
             how = f": {kept} {how}, {len(space.vectors) - kept} from the cache"
         return how, stale
 
+    def _load_current(self, db: sqlite3.Connection, space: Space) -> bool:
+        """Load the snapshot as it is when it holds a vector for every chunk and the chunks
+        have not changed since it was taken (their generation, store.chunks_gen); False
+        when it does not, or cannot be read."""
+        try:
+            meta = json.loads(self._paths(space)["meta"].read_text())
+        except (OSError, ValueError):
+            return False
+        if not (isinstance(meta, dict) and meta.get("complete") is True
+                and meta.get("gen") == store.chunks_gen(db)
+                and meta.get("vectors") == chunk_rows(db)):
+            return False
+        snap = self._read_snapshot(space, hashes=False)
+        if snap is None or len(snap[0]) != meta["vectors"]:
+            return False
+        ids, files, mat, _ = snap
+        if isinstance(mat, AnnIndex):
+            space.vectors = mat
+        else:
+            space.vectors.add(ids.tolist(), mat, files.tolist())
+        with space.cv:
+            space.todo = OrderedDict()
+        return True
+
     # -- snapshots ----------------------------------------------------------------------------------
 
     def _paths(self, space: Space) -> dict[str, Path]:
@@ -388,6 +419,8 @@ class VectorStore:
         out = {k: base.with_name(f"{base.name}.{k}.npy") for k in ("ids", "files", "vectors",
                                                                      "hashes")}
         out["graph"] = base.with_name(f"{base.name}.graph.usearch")
+        # the chunks' generation it was taken at, and whether it holds every chunk's vector
+        out["meta"] = base.with_name(f"{base.name}.meta.json")
         return out
 
     def snapshot(self, db: sqlite3.Connection, space: Space) -> None:
@@ -399,6 +432,7 @@ class VectorStore:
                 ids, files, mat = vi.export_keys()
             else:
                 ids, files, mat = vi.export()
+            gen, total = store.chunks_gen(db), chunk_rows(db)  # (commits wait for sync)
         if not len(ids):
             return
         hs = {}
@@ -409,6 +443,7 @@ class VectorStore:
         keep = np.array([int(i) in hs for i in ids], dtype=bool)
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         paths = self._paths(space)
+        paths["meta"].unlink(missing_ok=True)  # (a snapshot half written is not "current")
         arrays = {"ids": ids[keep], "files": files[keep],
                   "hashes": np.array([hs[int(i)] for i in ids[keep]], dtype="U32")}
         if graph:
@@ -421,35 +456,44 @@ class VectorStore:
             tmp = paths[key].with_suffix(".tmp.npy")
             np.save(tmp, arr)
             tmp.replace(paths[key])
+        kept = int(keep.sum())
+        tmp = paths["meta"].with_suffix(".tmp")
+        tmp.write_text(json.dumps({"gen": gen, "vectors": kept, "complete": kept == total}))
+        tmp.replace(paths["meta"])
         space.saved_at = time.monotonic()
         log.debug("space %d: snapshot of %d vectors written", space.id, int(keep.sum()))
 
-    def _read_snapshot(self, space: Space):
+    def _read_snapshot(self, space: Space, hashes: bool = True):
+        """(ids, files, the matrix or the graph, each row's text hash — None when not asked
+        for) of the space's snapshot; None when it cannot be used."""
         paths = self._paths(space)
         if paths["graph"].exists():
             try:
-                ids, files, hs = (np.load(paths[k]) for k in ("ids", "files", "hashes"))
+                ids, files = np.load(paths["ids"]), np.load(paths["files"])
+                hs = np.load(paths["hashes"]) if hashes else None
                 graph = AnnIndex.load(paths["graph"], space.vectors.dims, space.id, ids, files)
             except (OSError, ValueError, RuntimeError) as e:
-                log.warning("space %d: its saved graph cannot be read (%s); rebuilding",
+                log.warning("space %d: its saved graph cannot be used (%s); rebuilding",
                             space.id, e)
                 return None
-            if not (len(ids) == len(files) == len(hs)):
+            if not (len(ids) == len(files) == (len(hs) if hashes else len(ids))):
                 log.warning("space %d: its saved graph is inconsistent; rebuilding", space.id)
                 return None
             return ids, files, graph, hs
         try:
             arrays = {k: np.load(p, mmap_mode="r" if k == "vectors" else None)
-                      for k, p in paths.items() if k != "graph"}
+                      for k, p in paths.items() if k not in ("graph", "meta")
+                      and (hashes or k != "hashes")}
         except (OSError, ValueError):
             return None
         n = len(arrays["ids"])
-        if not (len(arrays["files"]) == len(arrays["hashes"]) == len(arrays["vectors"]) == n) \
+        if not (len(arrays["files"]) == len(arrays.get("hashes", arrays["ids"]))
+                == len(arrays["vectors"]) == n) \
                 or (n and arrays["vectors"].shape[1] != space.vectors.dims):
             log.warning("space %d: its snapshot is inconsistent; reading the cache", space.id)
             return None
         return (arrays["ids"], arrays["files"], np.asarray(arrays["vectors"], dtype=np.float32),
-                arrays["hashes"])
+                arrays.get("hashes"))
 
     def snapshot_if_due(self, db: sqlite3.Connection, force: bool = False) -> None:
         for space in self.spaces():
