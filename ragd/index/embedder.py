@@ -85,6 +85,7 @@ class Embedder:
         self._engine_lost = False  # "embedding paused" said, "resumed" not yet
         self._stop = threading.Event()
         self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="embedder-tokenize")
+        self._requests = ThreadPoolExecutor(1, thread_name_prefix="embedder-request")
         self.worker = Worker("embedder", self._run)
 
     # -- control -----------------------------------------------------------------------------------
@@ -98,6 +99,7 @@ class Embedder:
             self.space.wake()
         self.worker.stop(30)
         self._prefetch.shutdown(wait=False, cancel_futures=True)
+        self._requests.shutdown(wait=False, cancel_futures=True)
 
     @property
     def vectors(self):
@@ -262,28 +264,68 @@ class Embedder:
                 space.stored(cached)
             work = [(h, t) for h, t in texts.items() if h not in cached]
             # Token counting runs ahead in a helper thread (its own engine connection), so the
-            # engine is not idle between embedding requests while we tokenize the next texts.
+            # engine is not idle between embedding requests while we tokenize the next texts;
+            # and each batch is sent before the one the engine embedded last is stored, so it
+            # is not idle while we write either.
             batch: list[tuple[str, str, int, bool]] = []
             size = 0
             fitted = self._prefetch.map(self._fit, [text for _, text in work])
             done.update(set(hashes) - {h for h, _ in work})
+            sent = None  # (the batch the engine has, its future)
             for (h, _), (text, n, truncated) in zip(work, fitted):
                 if self._stop.is_set():
                     break
                 if batch and size + n > self.batch_tokens:
-                    self._embed_batch(db, batch)
-                    done.update(b[0] for b in batch)
+                    sent = self._send(db, batch, sent, done)
                     batch, size = [], 0
                 batch.append((h, text, n, truncated))
                 size += n
             if batch and not self._stop.is_set():
-                self._embed_batch(db, batch)
-                done.update(b[0] for b in batch)
+                sent = self._send(db, batch, sent, done)
+            if sent is not None and (not self._stop.is_set() or sent[1].done()):
+                self._receive(db, *sent, done)
         finally:
             left = [h for h in hashes if h not in done]
             if left:
                 space.give_back(left)
             space.done(hashes)
+
+    def _request(self, texts: list[str]):
+        """(vectors, seconds the engine took): on the embedder-request thread."""
+        t0 = time.perf_counter()
+        vecs = self.engine.client.embed(texts)
+        return vecs, time.perf_counter() - t0
+
+    def _send(self, db: sqlite3.Connection, batch: list, sent, done: set):
+        """Send a batch to the engine (its request thread), then store the one sent before
+        (`sent`): the engine embeds this one meanwhile. Returns what is in flight now."""
+        log.debug("embedding %d texts (%d tokens)", len(batch), sum(b[2] for b in batch))
+        future = self._requests.submit(self._request, [t for _, t, _, _ in batch])
+        if sent is not None:
+            self._receive(db, *sent, done)
+        return batch, future
+
+    def _receive(self, db: sqlite3.Connection, batch: list, future, done: set) -> None:
+        """Store a sent batch's vectors once the engine gives them (one input refused: each
+        is tried alone, to find it). EngineUnavailable goes up: the batch is given back."""
+        try:
+            vecs, seconds = future.result()
+        except EngineError:
+            for item in batch:
+                self._embed_batch(db, [item])
+            done.update(b[0] for b in batch)
+            return
+        self.stats.seconds += seconds
+        self.stats.requests += 1
+        self._store(db, batch, vecs)
+        done.update(b[0] for b in batch)
+
+    def _store(self, db: sqlite3.Connection, batch: list, vecs) -> None:
+        with store.transaction(db, self._stop):
+            insert(db, self.space.id, [(h, v, n, tr) for (h, _, n, tr), v in zip(batch, vecs)])
+        self.store.to_matrix(db, self.space, {h: v for (h, _, _, _), v in zip(batch, vecs)})
+        self.space.stored([h for h, _, _, _ in batch])  # pending_texts falls batch by batch
+        self.count_stored(batch)
 
     def _embed_batch(self, db: sqlite3.Connection, batch: list[tuple[str, str, int, bool]]) -> None:
         log.debug("embedding %d texts (%d tokens)", len(batch), sum(b[2] for b in batch))
@@ -299,11 +341,7 @@ class Embedder:
             return
         self.stats.seconds += time.perf_counter() - t0
         self.stats.requests += 1
-        with store.transaction(db, self._stop):
-            insert(db, self.space.id, [(h, v, n, tr) for (h, _, n, tr), v in zip(batch, vecs)])
-        self.store.to_matrix(db, self.space, {h: v for (h, _, _, _), v in zip(batch, vecs)})
-        self.space.stored([h for h, _, _, _ in batch])  # pending_texts falls batch by batch
-        self.count_stored(batch)
+        self._store(db, batch, vecs)
 
     def _record_failure(self, db: sqlite3.Connection, h: str, reason: str) -> None:
         space = self.space
