@@ -8,7 +8,7 @@ import pytest
 from fake_embedder import MIN_SIMILARITY, FakeEmbedder, RankedStore, axis, towards
 from ragd.search import fusion, passages
 from ragd.search.fusion import Candidate
-from ragd.search.hybrid import MEANING_MARGIN, TRUSTED_RANK
+from ragd.search.hybrid import MEANING_GAP, MEANING_MARGIN, TRUSTED_RANK
 
 # Notes that hold the query's words ("tree", "leaves") and say nothing of a house plant, and
 # the one note that answers it in other words.
@@ -82,6 +82,26 @@ def test_a_match_by_meaning_within_the_margin_is_not_lifted(tmp_path):
     reply = s.search(QUERY)
     assert "trusted" not in reply
     assert paths(reply).index(s.path("plants/ficus.md")) == len(KEYWORD_NOTES), paths(reply)
+
+
+@pytest.mark.parametrize("rival", [0.78, 0.7], ids=["a rival note close by", "clear of it"])
+def test_a_match_by_meaning_must_stand_clear_of_every_other_note(tmp_path, rival):
+    """The ficus note at cosine 0.8 and one of the tree notes (it holds "tree" and "leaves")
+    close in meaning too: within MEANING_GAP the vectors do not single out one note, and the
+    ficus note is not lifted over BM25's hits; clear of it by more, it is."""
+    script = answer_script(0.8)
+    query = script[QUERY]
+    script["A B-tree holds many keys"] = towards(query, rival, other=5)
+    s = RankedStore(tmp_path, {**KEYWORD_NOTES, **ANSWER, **ERRANDS}, FakeEmbedder(script))
+    assert s.coverage < fusion.PARTIAL_FUSION_FROM
+    reply = s.search(QUERY)
+    at = paths(reply).index(s.path("plants/ficus.md")) + 1
+    if 0.8 - rival < MEANING_GAP:
+        assert "trusted" not in reply
+        assert at == len(KEYWORD_NOTES) + 1, paths(reply)  # after every BM25 hit
+    else:
+        assert reply["trusted"]["gap"] == pytest.approx(0.8 - rival, abs=1e-3)
+        assert at == TRUSTED_RANK, paths(reply)
 
 
 def test_lift_keeps_scores_in_rank_order():

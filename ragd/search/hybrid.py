@@ -44,8 +44,13 @@ MODES = ("hybrid", "vector", "bm25")
 
 # When no chunk holds a word of the query, a match by meaning alone must be this much above
 # the similarity threshold to be shown (Searcher._anything_relevant); a vector first hit this
-# far above it is trusted (Searcher._trusted).
+# far above it is trusted (Searcher._trusted) when it also stands this far above the best
+# chunk of any other note (MEANING_GAP): the vectors single out one note. Without the gap the
+# lift put a note that was not the answer at rank 3 in half the dev set's searches at 10%
+# vector coverage, each pushing the answers below down one (docs/quality.md).
 MEANING_MARGIN = 0.1
+MEANING_GAP = 0.07
+GAP_CHUNKS = 30  # of the vector list looked through for the best chunk of another note
 # The rank a match by meaning that clear is lifted to when below it, at any coverage: third,
 # not second, because each lift of a note that is not the answer pushes the answers below it
 # down one (docs/quality.md, "Search while vectors are coming").
@@ -78,7 +83,9 @@ class _Query:
     signed: bool = False  # a chunk holds a symbol of the query (see _bm25_ranking)
     unembedded: list[int] = field(default_factory=list)  # BM25 hits with no vector yet
     query_vector: _Embedded | None = None
-    first: tuple[int, float] | None = None  # the vectors' first chunk for the query itself
+    # the vectors' first chunk for the query itself, its cosine, and how far it stands above
+    # the best chunk of another note (None: no other note in the list)
+    first: tuple[int, float, float | None] | None = None
 
 
 def _done(value) -> Future:
@@ -129,7 +136,7 @@ class Searcher:
             head = q.lists["vector"][:5]
             common = boilerplate.shared(db, head)
             first = next((c for c in head if c not in common), head[0])
-            q.first = (first, q.parts[first]["vector"])
+            q.first = (first, q.parts[first]["vector"], self._gap(q, first))
         weights = {"vector": vector_weight(query), "bm25": 1.0}
         if r.mode == "hybrid" and r.coverage >= PARTIAL_FUSION_FROM:
             self._feedback(q, r, weights)
@@ -333,16 +340,32 @@ class Searcher:
             return bm25.content_match(q.db, q.text, q.filters)
         return any(counts)
 
+    def _gap(self, q: _Query, first: int) -> float | None:
+        """How far the cosine of `first` stands above the best chunk of another note in the
+        vector list (None when the list holds no other note)."""
+        ids = q.lists["vector"][:GAP_CHUNKS]
+        files = notes.files_of(q.db, ids, self.buffers)
+        mine = files.get(first)
+        other = next((c for c in ids if files.get(c, mine) != mine), None)
+        if other is None:
+            return None
+        return q.parts[first]["vector"] - q.parts[other]["vector"]
+
     def _trusted(self, first, mode: str) -> Trusted | None:
         """The chunk the vectors rank first for the query itself (before dense feedback; not
-        boilerplate) when its cosine clears the threshold by MEANING_MARGIN: a match by meaning
-        this clear is never buried under keyword matches of the question's words ("why is my
-        indoor tree losing its foliage" put the only note that answers behind AVL trees).
-        Hybrid only; its note is lifted to TRUSTED_RANK."""
+        boilerplate) when its cosine clears the threshold by MEANING_MARGIN and the best chunk
+        of any other note by MEANING_GAP: a match by meaning this clear is never buried under
+        keyword matches of the question's words ("why is my indoor tree losing its foliage"
+        put the only note that answers behind AVL trees). Hybrid only; its note is lifted to
+        TRUSTED_RANK."""
         thr = self.threshold()
         if first is None or mode != "hybrid" or thr <= 0 or first[1] < thr + MEANING_MARGIN:
             return None
-        return Trusted(first[0], round(first[1], 4), TRUSTED_RANK)
+        cid, cosine, gap = first
+        if gap is not None and gap < MEANING_GAP:
+            return None
+        return Trusted(cid, round(cosine, 4), TRUSTED_RANK,
+                       gap=None if gap is None else round(gap, 4))
 
     def _cut_weak_tail(self, ranked: dict[int, float], parts: dict[int, dict],
                        r: Ranking) -> None:

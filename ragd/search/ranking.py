@@ -11,14 +11,18 @@ from ragd.search.fusion import Candidate
 
 @dataclass
 class Trusted:
-    """The chunk the vectors rank first for the query itself, clear of the threshold."""
+    """The chunk the vectors rank first for the query itself, clear of the threshold and of
+    the other notes."""
     chunk_id: int
     cosine: float
     rank: int
+    gap: float | None = None  # above the best chunk of another note (None: none listed)
     lifted_from: int | None = None
 
     def reply(self) -> dict:  # (its chunk id is the index's own: not in the reply)
         out = {"cosine": self.cosine, "rank": self.rank}
+        if self.gap is not None:
+            out["gap"] = self.gap
         if self.lifted_from is not None:
             out["lifted_from"] = self.lifted_from
         return out
