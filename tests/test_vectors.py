@@ -6,8 +6,10 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import time
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from conftest import bulk_embedding_stopped, engine_config, small_vault, wait_embedded
 from ragd.index.ann import AnnIndex
 from ragd.index.vectors import VectorIndex
+from ragd.index.vectorstore import VectorStore
 
 
 def real_vectors(tmp_path, make_daemon):
@@ -30,36 +33,51 @@ def real_vectors(tmp_path, make_daemon):
             np.vstack([np.frombuffer(r[2], dtype="<f4") for r in rows]))
 
 
-def test_the_graph_answers_like_the_matrix_and_follows_edits(tmp_path, make_daemon):
+@pytest.mark.parametrize("dtype", ["f16", "i8"])
+def test_the_graph_answers_like_the_matrix_and_follows_edits(tmp_path, make_daemon, dtype):
+    """The graph, float16 or int8 (the default: then a search's candidates are ranked again
+    by their float32 vectors from the embedding cache, VectorStore.rescore), answers as the
+    exact matrix does."""
     ids, files, vecs = real_vectors(tmp_path, make_daemon)
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    space_id = int(db.execute("SELECT value FROM meta WHERE key = 'active_space'").fetchone()[0])
     exact = VectorIndex(vecs.shape[1])
     exact.add(ids.tolist(), vecs, files.tolist())
-    ann = AnnIndex.from_rows(vecs.shape[1], 1, ids, files, vecs)
+    ann = AnnIndex.from_rows(vecs.shape[1], space_id, ids, files, vecs, dtype=dtype)
+    assert ann.approximate == (dtype == "i8")
+    space = SimpleNamespace(id=space_id, vectors=ann)
+
+    def search(q, k, only=None):  # as the searcher asks it (hybrid._dense)
+        return VectorStore.rescore(db, space, q, *ann.search(q, max(k, 100) if
+                                                             ann.approximate else k, only))
+
     assert len(ann) == len(exact) == len(ids)
     hits = 0
     for q in vecs[::7]:  # each chunk's own vector as a query
-        a, _ = ann.search(q, 10)
-        e, _ = exact.search(q, 10)
-        hits += len(set(a.tolist()) & set(e.tolist()))
+        a, sa = search(q, 10)
+        e, se = exact.search(q, 10)
+        hits += len(set(a[:10].tolist()) & set(e.tolist()))
+        assert np.allclose(sa[:3], se[:3], atol=2e-3)
     assert hits / (10 * len(vecs[::7])) >= 0.98
     # filters: a few files, ranked exactly; every result in them
     some = np.unique(files)[:2]
-    a, sa = ann.search(vecs[0], 5, some)
+    a, sa = search(vecs[0], 5, some)
     e, se = exact.search(vecs[0], 5, some)
-    assert a.tolist() == e.tolist() and np.allclose(sa, se, atol=2e-3)
+    assert a[:5].tolist() == e.tolist() and np.allclose(sa[:5], se, atol=2e-3)
     # removal is real; a replaced row takes its new vector; get and nearest_to_any
     gone = ids[:10].tolist()
     assert ann.remove(gone) == 10 and not any(g in ann for g in gone)
     assert not set(ann.search(vecs[0], 50)[0].tolist()) & set(gone)
     ann.add([int(ids[20])], vecs[21:22], [int(files[21])])
     found, got = ann.get([int(ids[20])])
-    assert found == [int(ids[20])] and np.dot(got[0], vecs[21]) > 0.999
+    assert found == [int(ids[20])] and np.dot(got[0], vecs[21]) > (0.999 if dtype == "f16"
+                                                                    else 0.99)
     near = ann.nearest_to_any(vecs[30:33], 5, exclude_files=[int(files[30])])
     assert near and all(f != int(files[30]) for _, f, _, _ in near)
     # saved and loaded: the same answers
     ann.save(tmp_path / "g.usearch")
     k_ids, k_files, _ = ann.export_keys()
-    back = AnnIndex.load(tmp_path / "g.usearch", vecs.shape[1], 1, k_ids, k_files)
+    back = AnnIndex.load(tmp_path / "g.usearch", vecs.shape[1], 1, k_ids, k_files, dtype)
     assert len(back) == len(ann)
     assert back.search(vecs[40], 5)[0].tolist() == ann.search(vecs[40], 5)[0].tolist()
 

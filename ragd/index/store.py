@@ -482,6 +482,16 @@ def chunks_gen(db: sqlite3.Connection) -> int:
     return int(row[0]) if row is not None else -1
 
 
+def chunk_vectors(db: sqlite3.Connection, space: int, ids) -> dict[int, bytes]:
+    """chunk id -> its vector in the space, as stored in the embedding cache (float32 bytes)."""
+    out: dict[int, bytes] = {}
+    for part, q in in_batches(indexed(ids)):
+        out.update(db.execute(
+            f"SELECT c.id, e.vector FROM chunks c JOIN embeddings e ON e.space = ? AND "
+            f"e.text_hash = c.embed_hash WHERE c.id IN ({q})", [space, *part]))
+    return out
+
+
 def chunk_texts(db: sqlite3.Connection, ids) -> dict[int, str]:
     """chunk id -> its shown text."""
     out: dict[int, str] = {}

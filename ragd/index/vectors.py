@@ -44,6 +44,8 @@ class VectorIndex:
     def nbytes(self) -> int:
         return self._n * self.dims * self.dtype.itemsize
 
+    approximate = False  # its cosines are the vectors' own (VectorStore.rescore)
+
     def add(self, ids: list[int], vectors: np.ndarray, files: list[int] | None = None) -> None:
         """Add (or replace) rows for these chunk ids (files: the chunks' file ids)."""
         if not len(ids):

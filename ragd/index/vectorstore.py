@@ -159,6 +159,21 @@ class VectorStore:
             self.building = None
         self.active = space
 
+    @staticmethod
+    def rescore(db: sqlite3.Connection, space: Space, qv: np.ndarray, ids: np.ndarray,
+                cos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, cosines) of a search of an approximate index (an int8 graph: `approximate`)
+        ranked again by the chunks' stored float32 vectors, best first; a chunk whose vector
+        is not stored keeps its approximate cosine."""
+        if not space.vectors.approximate or not len(ids):
+            return ids, cos
+        stored = store.chunk_vectors(db, space.id, ids.tolist())
+        q = np.asarray(qv, dtype=np.float32)
+        exact = np.array([float(from_blob(stored[c]) @ q) if c in stored else float(x)
+                          for c, x in zip(ids.tolist(), cos.tolist())], dtype=np.float32)
+        order = np.argsort(-exact, kind="stable")
+        return ids[order], exact[order]
+
     def embed_now(self, db: sqlite3.Connection, records: list):
         live = self._live
         return live.embed_now(db, records) if live is not None else None

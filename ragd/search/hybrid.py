@@ -542,6 +542,7 @@ class Searcher:
                 r.store = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
         if ids is None:
             ids, cos = space.vectors.search(qv, q.n, q.files)
+            ids, cos = self.vectors.rescore(q.db, space, qv, ids, cos)
         if q.bufs:
             pairs = sorted([*zip(ids.tolist(), cos.tolist()),
                             *self.buffers.vector_hits(qv, q.bufs, None)],
