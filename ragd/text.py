@@ -271,8 +271,8 @@ whom whose why will with within without would yes yet you your yours yourself
 
 def names(query: str) -> list[str]:
     """The words a query writes as names: with a capital letter where a sentence does not
-    start ("Todoist", "Google Calendar"), or one inside ("OAuth2", "iPhone", "PDF"); each once,
-    lowercased."""
+    start ("Todoist", "Google Calendar"), or one inside ("OAuth2", "iPhone", "PDF"), or an
+    identifier's underscore ("pg_upgrade", "max_connections"); each once, lowercased."""
     out: list[str] = []
     for m in WORD.finditer(query):
         w = m.group(0)
@@ -280,7 +280,8 @@ def names(query: str) -> list[str]:
             continue
         before = query[:m.start()].rstrip()
         starts = not before or before[-1] in ".?!:;\"'(\u201c\u2018"
-        if any(c.isupper() for c in w[1:]) or (w[0].isupper() and not starts):
+        if any(c.isupper() for c in w[1:]) or (w[0].isupper() and not starts) \
+                or "_" in w.strip("_"):
             if w.lower() not in out and w.lower() not in STOPWORDS:
                 out.append(w.lower())
     return out

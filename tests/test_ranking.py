@@ -236,3 +236,20 @@ def test_search_with_convex_fusion_mixes_the_reply_s_own_scores(tmp_path):
         hand = share * vec.get(r["path"], 0.0) + (1 - share) * bm.get(r["path"], 0.0)
         assert r["scores"]["fused"] == pytest.approx(hand, abs=1e-4), r["scores"]
     assert res[0]["path"] == s.path("plants/ficus.md")  # the clear match by meaning
+
+
+@pytest.mark.parametrize("written", ["pg_upgrade", "pg and an upgrade"],
+                         ids=["a note holds it", "only its words apart"])
+def test_an_identifier_no_note_holds_is_an_unknown_name(tmp_path, written):
+    """A question naming an identifier ("pg_upgrade") that no note holds, though notes hold
+    its words apart ("pg", "upgrade"), is about something the notes do not mention: flagged
+    as for a name no note mentions ("Todoist"). A note that holds it answers as usual."""
+    notes = {"db/postgres.md": f"# Postgres\n\nTo move the cluster we ran {written} on the "
+                               "old server, then checked the new major version.\n",
+             "db/upgrade.md": "# Upgrade\n\nAn upgrade of pg means a dump and a restore.\n"}
+    s = RankedStore(tmp_path, notes, FakeEmbedder({}, default=axis(0)))
+    reply = s.search("how do I run pg_upgrade without downtime")
+    if written == "pg_upgrade":
+        assert "unknown_names" not in reply, reply
+    else:
+        assert reply["unknown_names"] == ["pg_upgrade"] and reply["low_confidence"] is True

@@ -64,11 +64,19 @@ def all_terms_match(db: sqlite3.Connection, query: str, filters: Filters | None 
 
 def unknown_names(db: sqlite3.Connection, query: str) -> list[str]:
     """The names of the query (`names`) that no chunk of the index holds: a question about
-    something no note mentions is one the notes likely do not answer."""
+    something no note mentions is one the notes likely do not answer. An identifier of
+    several words ("pg_upgrade") is looked for as those words in a row: each may be common."""
     found = names(query)
     if not found:
         return []
-    return [w for w, df in zip(found, doc_freqs(db, [f'"{w}"' for w in found])) if df == 0]
+    out = []
+    for w, df in zip(found, doc_freqs(db, [f'"{w}"' for w in found])):
+        if df and "_" in w:
+            df = db.execute("SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT 1",
+                            (f'"{w}"',)).fetchone() is not None
+        if not df:
+            out.append(w)
+    return out
 
 
 def _stem(word: str) -> str:
