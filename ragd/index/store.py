@@ -482,6 +482,20 @@ def chunks_gen(db: sqlite3.Connection) -> int:
     return int(row[0]) if row is not None else -1
 
 
+def chunk_keys(db: sqlite3.Connection):
+    """(ids, file ids, embed hashes as bytes padded with spaces to 32) of every chunk, by
+    id, as numpy arrays. Read
+    as one string of fixed-width records: at 1M chunks a row at a time took 2.4 s with the
+    arrays, this 0.8 s (a snapshot written at a stop must fit in runtime.STOP_WITHIN)."""
+    import numpy as np  # (the store's other readers need no numpy)
+    (text,) = db.execute(
+        "SELECT group_concat(printf('%020d%020d%-32.32s', id, file_id, embed_hash), '') "
+        "FROM (SELECT id, file_id, embed_hash FROM chunks ORDER BY id)").fetchone()
+    rec = np.frombuffer((text or "").encode("ascii", "replace"),
+                        dtype=[("id", "S20"), ("file", "S20"), ("hash", "S32")])
+    return rec["id"].astype(np.int64), rec["file"].astype(np.int64), rec["hash"].copy()
+
+
 def chunk_vectors(db: sqlite3.Connection, space: int, ids) -> dict[int, bytes]:
     """chunk id -> its vector in the space, as stored in the embedding cache (float32 bytes)."""
     out: dict[int, bytes] = {}

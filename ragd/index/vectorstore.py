@@ -353,17 +353,15 @@ class VectorStore:
         if self._load_current(db, space):
             saved = "saved graph" if isinstance(space.vectors, AnnIndex) else "snapshot"
             return f": all from the {saved} (no chunk changed since it was taken)", False
-        rows = db.execute("SELECT id, file_id, embed_hash FROM chunks ORDER BY id").fetchall()
-        cur_ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        cur_files = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
-        cur_hashes = np.array([r[2] for r in rows], dtype="U32")
-        del rows
+        cur_ids, cur_files, cur_hashes = store.chunk_keys(db)
         need = np.ones(len(cur_ids), dtype=bool)
         snap = self._read_snapshot(space)
         how = " read from the cache"
         kept = None  # what the snapshot gave, when it was used
         if snap is not None and len(cur_ids):
             ids, files, mat, hs = snap
+            if hs.dtype.kind == "U":  # a snapshot of an older ragd: hashes as str
+                hs = hs.astype(cur_hashes.dtype)
             pos = np.minimum(np.searchsorted(cur_ids, ids), len(cur_ids) - 1)
             ok = (cur_ids[pos] == ids) & (cur_hashes[pos] == hs)
             if isinstance(mat, AnnIndex):  # the graph itself: drop what no longer holds
@@ -387,13 +385,13 @@ class VectorStore:
             idx = idx[np.argsort(-recent, kind="stable")]
         for i in range(0, len(idx), 20000):
             part = idx[i:i + 20000]
-            hashes = cur_hashes[part].tolist()
+            hashes = [h.decode().rstrip() for h in cur_hashes[part].tolist()]
             cached = self.cached(db, space.id, set(hashes))
-            have = [k for k, h in zip(part, hashes) if h in cached]
+            have = [(k, h) for k, h in zip(part, hashes) if h in cached]
             if have:
-                self._add(space, cur_ids[have].tolist(),
-                          np.vstack([cached[cur_hashes[k]] for k in have]),
-                          cur_files[have].tolist())
+                rows = [k for k, _ in have]
+                self._add(space, cur_ids[rows].tolist(), np.vstack([cached[h] for _, h in have]),
+                          cur_files[rows].tolist())
             for h in hashes:
                 if h not in cached and h not in skip:
                     todo[h] = None
@@ -447,20 +445,19 @@ class VectorStore:
                 ids, files, mat = vi.export_keys()
             else:
                 ids, files, mat = vi.export()
-            gen, total = store.chunks_gen(db), chunk_rows(db)  # (commits wait for sync)
-        if not len(ids):
-            return
-        hs = {}
-        for i in range(0, len(ids), 900):
-            part = ids[i:i + 900].tolist()
-            hs.update(db.execute(f"SELECT id, embed_hash FROM chunks WHERE id IN "
-                                 f"({','.join('?' * len(part))})", part).fetchall())
-        keep = np.array([int(i) in hs for i in ids], dtype=bool)
+            if not len(ids):
+                return
+            # read while commits wait for sync: a chunk's text changed after the export
+            # must not be saved as the text of the vector exported
+            gen, total = store.chunks_gen(db), chunk_rows(db)
+            cur_ids, _, cur_hashes = store.chunk_keys(db)
+        pos = np.minimum(np.searchsorted(cur_ids, ids), max(len(cur_ids) - 1, 0))
+        keep = (cur_ids[pos] == ids) if len(cur_ids) else np.zeros(len(ids), dtype=bool)
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         paths = self._paths(space)
         paths["meta"].unlink(missing_ok=True)  # (a snapshot half written is not "current")
         arrays = {"ids": ids[keep], "files": files[keep],
-                  "hashes": np.array([hs[int(i)] for i in ids[keep]], dtype="U32")}
+                  "hashes": cur_hashes[pos[keep]]}
         if graph:
             vi.save(paths["graph"])
             paths["vectors"].unlink(missing_ok=True)
