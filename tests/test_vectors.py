@@ -155,6 +155,28 @@ def test_vectors_read_from_the_cache_are_snapshotted(make_daemon, tmp_path):
                                      "taken)") == 1
 
 
+def test_a_snapshot_checked_whole_is_trusted_at_the_next_start(make_daemon, tmp_path):
+    """A snapshot without its state (a stop that ran out of time, an older ragd) is checked
+    against the chunks, a pass over all of them (seconds at 1M chunks). Found whole, its state
+    is written then: the start after it, even after a kill, loads it as it is."""
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    log = tmp_path / "data" / "ragd.log"
+    with d:
+        n = wait_embedded(d)["engines"]["embedding"]["vectors"]
+    for meta in (tmp_path / "data" / "vectors").glob("space-*.meta.json"):
+        meta.unlink()
+    with d:
+        wait_embedded(d)
+        assert f"{n} from the snapshot, 0 from the cache" in log.read_text()
+        d.kill()
+    with d:
+        assert wait_embedded(d)["engines"]["embedding"]["vectors"] == n
+        assert log.read_text().count("all from the snapshot (no chunk changed since it was "
+                                     "taken)") == 1
+
+
 def test_changes_of_a_file_written_twice_in_one_transaction_add_only_its_last_chunks(tmp_path):
     """The vectors mirror a transaction's Changes: every removed id dropped, then every added
     one taken. A file written twice in one batch (a folder's move told twice) added the ids of

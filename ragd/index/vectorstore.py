@@ -353,6 +353,7 @@ class VectorStore:
         if self._load_current(db, space):
             saved = "saved graph" if isinstance(space.vectors, AnnIndex) else "snapshot"
             return f": all from the {saved} (no chunk changed since it was taken)", False
+        gen = store.chunks_gen(db)  # (the caller holds sync: no commit in between)
         cur_ids, cur_files, cur_hashes = store.chunk_keys(db)
         need = np.ones(len(cur_ids), dtype=bool)
         snap = self._read_snapshot(space)
@@ -374,6 +375,8 @@ class VectorStore:
             need[pos[ok]] = False
             kept = int(ok.sum())
             stale = bool(need.any() or not ok.all())
+            if not stale:  # checked and whole: the next start need not check it again
+                self._write_meta(space, gen, kept, True)
         else:
             stale = bool(len(cur_ids))
         todo: OrderedDict[str, None] = OrderedDict()
@@ -469,11 +472,18 @@ class VectorStore:
             np.save(tmp, arr)
             tmp.replace(paths[key])
         kept = int(keep.sum())
-        tmp = paths["meta"].with_suffix(".tmp")
-        tmp.write_text(json.dumps({"gen": gen, "vectors": kept, "complete": kept == total}))
-        tmp.replace(paths["meta"])
+        self._write_meta(space, gen, kept, kept == total)
         space.saved_at = time.monotonic()
         log.debug("space %d: snapshot of %d vectors written", space.id, int(keep.sum()))
+
+    def _write_meta(self, space: Space, gen: int, vectors: int, complete: bool) -> None:
+        path = self._paths(space)["meta"]
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"gen": gen, "vectors": vectors, "complete": complete}))
+            tmp.replace(path)
+        except OSError as e:  # the next start checks the snapshot instead: slower, not wrong
+            log.warning("space %d: snapshot's state not written: %s", space.id, e)
 
     def _read_snapshot(self, space: Space, hashes: bool = True):
         """(ids, files, the matrix or the graph, each row's text hash — None when not asked
