@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sqlite3
+import subprocess
 import time
 
 import pytest
@@ -29,6 +30,80 @@ def alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0]
+
+
+class Sleeper:
+    """A real process in its own group, signalled as an engine is (Engine.signal)."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+    def signal(self, sig: int) -> bool:
+        os.killpg(self.proc.pid, sig)
+        self._sent_stop = sig == signal.SIGSTOP
+        return True
+
+    def stopped(self) -> bool:
+        """Whether it is stopped, once a signal sent has been delivered (it takes a moment)."""
+        deadline = time.monotonic() + 1.0
+        state = proc_state(self.proc.pid)
+        while time.monotonic() < deadline and (state == "T") != self._sent_stop:
+            time.sleep(0.005)
+            state = proc_state(self.proc.pid)
+        return state == "T"
+
+    _sent_stop = False
+
+
+def test_the_bulk_engine_is_paused_only_while_a_query_is_embedded(monkeypatch):
+    """QueryFirst stops the bulk engine's processes around a query's embedding and always
+    lets them go: after an error, after PAUSE_MAX of overlapping queries, and not at all once
+    the pauses owed pass PAUSE_BURST (a flood of queries must not stop the bulk work)."""
+    from ragd.engines import manager
+    bulk = Sleeper()
+    q = manager.QueryFirst()
+    try:
+        with q.around([bulk]):
+            assert bulk.stopped()
+        assert not bulk.stopped() and q.pauses == 1
+        with pytest.raises(RuntimeError):
+            with q.around([bulk]):
+                raise RuntimeError("the query engine failed")
+        assert not bulk.stopped()
+        # overlapping queries: one pause, ended by the last one out
+        first = q.around([bulk])
+        first.__enter__()
+        with q.around([bulk]):
+            assert bulk.stopped()
+        assert bulk.stopped()  # the first is still embedding
+        first.__exit__(None, None, None)
+        assert not bulk.stopped() and q.pauses == 3
+        # queries that keep overlapping: let go after PAUSE_MAX even though one is inside
+        monkeypatch.setattr(manager, "PAUSE_MAX", 0.05)
+        first = q.around([bulk])
+        first.__enter__()
+        time.sleep(0.1)
+        with q.around([bulk]):
+            pass
+        assert not bulk.stopped()
+        first.__exit__(None, None, None)
+        # a flood: past PAUSE_BURST owed, queries run beside the bulk work until it is repaid
+        monkeypatch.setattr(manager, "PAUSE_BURST", 0.2)
+        with q.around([bulk]):
+            time.sleep(0.25)
+        with q.around([bulk]):
+            assert not bulk.stopped()  # owed 0.25 s, not paused
+        time.sleep(0.3)
+        with q.around([bulk]):
+            assert bulk.stopped()  # repaid by running as long
+    finally:
+        bulk.proc.kill()
+        bulk.proc.wait()
 
 
 def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind):
@@ -55,6 +130,9 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind)
             assert args[args.index(flag) + 1] == str(cores)
         res = d.call("search", query="make a task repeat on a schedule", k=5)
         assert res["mode"] == "hybrid" and res["degraded"] is False
+        # the bulk engine was paused while the query engine embedded the query, and let go
+        assert d.call("status")["engines"]["embedding"]["query_engine"]["bulk_paused_s"] > 0
+        assert proc_state(e["pid"]) != "T"
         assert res["vector_coverage"] == 1.0
         assert res["fusion"] == "convex" and all("fused" in r["scores"] for r in res["results"])
         assert any({"vector", "bm25"} <= set(r["scores"]) for r in res["results"])

@@ -9,8 +9,10 @@ converted), so it runs in a thread after the socket is up: search answers from B
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import signal
 import threading
 import time
 
@@ -22,7 +24,69 @@ from ragd.engines.supervisor import Engine, EngineSettings, cores
 # a nice-0 process about 10x its share of a contended core).
 BULK_NICE = 10
 
+# While a query is embedded by the query engine, the bulk embedding engines beside it are
+# paused (SIGSTOP of their process group, SIGCONT after): llama.cpp's threads meet at a barrier
+# after each step of the graph, so the query engine's threads beside busy bulk threads, on as
+# many cores, wait at every barrier for a thread that is not running — a query's embedding took
+# 578 ms during a bulk embedding against 8 ms idle (bench/while_embedding.py, niced or not).
+# A flood of queries must not stop the bulk work: a pause lasts at most PAUSE_MAX, and the
+# engine owes no more than PAUSE_BURST of pauses not yet repaid by as long running.
+PAUSE_MAX = 0.5
+PAUSE_BURST = 2.0
+
 log = logging.getLogger("ragd.engines")
+
+
+class QueryFirst:
+    """Pauses the bulk engines while queries are embedded (see PAUSE_MAX): `with
+    q.around(engines_to_pause):` around a query's engine call, from any thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._paused: list[Engine] = []
+        self._since = 0.0
+        self._ran_since = time.monotonic()
+        self._debt = 0.0
+        self.paused_s = 0.0  # in all (status: the bulk engine's time given to queries)
+        self.pauses = 0
+
+    @contextlib.contextmanager
+    def around(self, bulk: list[Engine]):
+        self._enter(bulk)
+        try:
+            yield
+        finally:
+            self._exit()
+
+    def _enter(self, bulk: list[Engine]) -> None:
+        with self._lock:
+            self._inside += 1
+            if self._paused or self._inside > 1 or not bulk:
+                return
+            now = time.monotonic()
+            self._debt = max(0.0, self._debt - (now - self._ran_since))
+            if self._debt >= PAUSE_BURST:
+                return
+            self._paused = [e for e in bulk if e.signal(signal.SIGSTOP)]
+            self._since = now
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._paused and (self._inside == 0
+                                 or time.monotonic() - self._since > PAUSE_MAX):
+                self._resume()
+
+    def _resume(self) -> None:
+        for e in self._paused:
+            e.signal(signal.SIGCONT)
+        now = time.monotonic()
+        self._debt += now - self._since
+        self.paused_s += now - self._since
+        self.pauses += 1
+        self._ran_since = now
+        self._paused = []
 
 
 class Engines:
@@ -50,6 +114,7 @@ class Engines:
         self._embedding_again = False  # the config named another model while one was prepared
         self._thread = threading.Thread(target=self._setup, name="engines-setup", daemon=True)
         self._stopped = threading.Event()
+        self._query_first = QueryFirst()
         self.settings = EngineSettings(cfg.llama_server, cores(cfg.engine_threads),
                                        cfg.engine_startup_timeout, cfg.engine_max_restarts,
                                        cfg.engine_restart_window, cfg.engine_health_interval,
@@ -299,7 +364,17 @@ class Engines:
             out["embedding"]["query_engine"] = {k: q[k] for k in ("state", "pid", "restarts",
                                                                   "reason", "nice", "threads",
                                                                   "next_try")}
+            # how long the bulk engine was paused while queries were embedded (QueryFirst)
+            out["embedding"]["query_engine"]["bulk_paused_s"] = round(
+                self._query_first.paused_s, 3)
         return out
+
+    def query_first(self, engine: Engine):
+        """Around the embedding of a query by `engine`: the bulk embedding engines are paused
+        meanwhile when it is the query engine (QueryFirst)."""
+        bulk = [] if engine is not self.query_engine else [
+            e for e in (self.embed_engine, self.next_engine) if e is not None]
+        return self._query_first.around(bulk)
 
     def query_engine_ready(self, model: ResolvedModel | None = None) -> Engine | None:
         """The engine to embed a query with: the query engine, else the main one, if up —

@@ -283,6 +283,19 @@ class Engine:
             except ProcessLookupError:
                 pass
 
+    def signal(self, sig: int) -> bool:
+        """Send sig to the engine's process group; False when no engine process runs. Used to
+        pause the bulk engine while a query is embedded (manager.QueryFirst)."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                return False
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return False
+        return True
+
     def _kill(self, why: str, grace: float = 5.0) -> None:
         with self._lock:
             proc = self._proc
@@ -291,6 +304,7 @@ class Engine:
         log.info("%s engine (pid %d): %s, sending SIGTERM", self.role, proc.pid, why)
         try:
             os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGCONT)  # a paused engine must see its SIGTERM
         except ProcessLookupError:
             return
         try:

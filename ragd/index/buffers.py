@@ -343,7 +343,9 @@ class BufferStore:
                 continue
             limit = (engines.embed_model.context if engines.embed_model else 512) - 4
             try:
-                vecs = engine.client.embed([engine.client.fit(t, limit)[0] for _, t in batch])
+                with engines.query_first(engine):  # an editor waits: bulk paused meanwhile
+                    vecs = engine.client.embed([engine.client.fit(t, limit)[0]
+                                                for _, t in batch])
             except (EngineUnavailable, EngineError) as e:
                 log.debug("embedding buffer texts: %s", e)
                 self._stop.wait(0.5)

@@ -441,10 +441,11 @@ class Searcher:
                 # a query past the model's context (an agent pasting a page) is cut to it, as
                 # documents are: the engine would refuse it, and search say the engine is down
                 limit = space.model.context - 4  # ([CLS]/[SEP] or BOS/EOS)
-                text, n = engine.client.fit(text, limit)
-                if n is not None and n > limit:
-                    truncated = {"tokens": n, "kept": limit}
-                qv = engine.client.embed([text], timeout=10.0)[0]
+                with engines.query_first(engine):  # bulk embedding paused meanwhile
+                    text, n = engine.client.fit(text, limit)
+                    if n is not None and n > limit:
+                        truncated = {"tokens": n, "kept": limit}
+                    qv = engine.client.embed([text], timeout=10.0)[0]
             except (EngineUnavailable, EngineError) as e:
                 return f"the embedding engine is unavailable: {e}"
             return _Embedded(space, qv, round((time.perf_counter() - t) * 1e3, 2), truncated)
