@@ -8,6 +8,8 @@ indexer, the vectors loaded by the real VectorStore, the search answered by the 
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,6 +103,9 @@ class FakeEngines:
 
     def query_engine_ready(self, model):
         return self._engine
+
+    def query_first(self, engine):  # no bulk engine to pause
+        return contextlib.nullcontext()
 
     def unavailable(self, role: str) -> str | None:
         return None

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from fake_embedder import MIN_SIMILARITY, FakeEmbedder, RankedStore, axis, towards
-from ragd.search import fusion, passages
+from ragd.search import fusion, notes, passages
 from ragd.search.fusion import Candidate
-from ragd.search.hybrid import MEANING_GAP, MEANING_MARGIN, TRUSTED_RANK
+from ragd.search.hybrid import MEANING_GAP, MEANING_MARGIN, TRUSTED_RANK, WEAK_MEANING
 
 # Notes that hold the query's words ("tree", "leaves") and say nothing of a house plant, and
 # the one note that answers it in other words.
@@ -253,3 +253,35 @@ def test_an_identifier_no_note_holds_is_an_unknown_name(tmp_path, written):
         assert "unknown_names" not in reply, reply
     else:
         assert reply["unknown_names"] == ["pg_upgrade"] and reply["low_confidence"] is True
+
+
+ROTATION = {
+    f"team/{name}.md": f"# {name.title()}\n\n{text}\n" for name, text in [
+        ("rotation", "Pairing rotation: every sprint each engineer pairs with someone new."),
+        ("hiring", "Hiring: two interviews, a take-home exercise and a call with a founder."),
+        ("roadmap", "Roadmap: the quarter's goals are set in the planning meeting."),
+        ("laptops", "Laptops are ordered by the office manager and arrive within a week."),
+        ("reviews", "Code reviews: a second reviewer signs off before anything is merged."),
+        ("deploys", "Deploys go out on Tuesdays after the staging checks pass."),
+        ("retro", "Retrospectives close every sprint with three things to change."),
+        ("docs", "Design documents live in the wiki, one per feature."),
+    ]}
+ROTATION_QUERY = "what stipend is paid for the rotation"
+
+
+@pytest.mark.parametrize("cosine,weak", [(MIN_SIMILARITY + 0.02, True),
+                                         (MIN_SIMILARITY + 0.2, False)],
+                         ids=["weak meaning", "clear meaning"])
+def test_few_words_found_and_a_weak_match_by_meaning_is_low_confidence(tmp_path, cosine, weak):
+    """A question in the vault's own domain that it does not answer: one of its distinctive
+    words is in the notes ("rotation"), the others not; its best chunk by meaning just clears
+    the threshold. Weak on both counts: low-confidence (results still shown). The same words
+    with a clear match by meaning are not flagged."""
+    script = {"Pairing rotation": axis(0), ROTATION_QUERY: towards(axis(0), cosine)}
+    s = RankedStore(tmp_path, ROTATION, FakeEmbedder(script, default=axis(5)))
+    reply = s.search(ROTATION_QUERY)
+    assert reply["results"] and reply["best_similarity"] == pytest.approx(cosine, abs=1e-3)
+    assert notes.LOW_CONFIDENCE <= reply["confidence"] < notes.WEAK_CONFIDENCE, reply
+    assert MIN_SIMILARITY + 0.02 < MIN_SIMILARITY + WEAK_MEANING < MIN_SIMILARITY + 0.2
+    assert reply.get("weak_meaning", False) is weak
+    assert reply["low_confidence"] is weak

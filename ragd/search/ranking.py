@@ -33,7 +33,7 @@ class Trusted:
 REPLY_FIELDS = ("requested_mode", "reason", "filtered_out", "store", "store_space",
                 "bm25_index", "vector_space", "vector_coverage", "best_similarity",
                 "query_truncated", "fusion", "weights", "feedback", "cut_below_threshold",
-                "below_threshold", "meaning_bar", "rerank_reason")
+                "below_threshold", "weak_meaning", "meaning_bar", "rerank_reason")
 
 
 @dataclass
@@ -60,6 +60,9 @@ class Ranking:
     feedback: dict | None = None
     cut_below_threshold: int | None = None
     below_threshold: bool = False
+    # the best chunk by meaning clears the threshold by less than hybrid.WEAK_MEANING: with
+    # few of the query's distinctive words found, the answer is low-confidence (ops/search.py)
+    weak_meaning: bool = False
     meaning_bar: float | None = None
     rerank_reason: str | None = None
     trusted: Trusted | None = None
