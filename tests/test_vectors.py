@@ -117,12 +117,19 @@ def test_the_daemon_moves_to_a_graph_past_its_threshold_and_restarts_from_snapsh
     assert log.read_text().count("searched through an HNSW graph") == 1  # not rebuilt
 
 
-def test_a_restart_loads_the_matrix_snapshot(make_daemon, tmp_path):
+def embedded_once(make_daemon, tmp_path):
+    """A daemon over the small vault, run once until every chunk has its vector and stopped:
+    (the daemon, its root, its log, the vector count)."""
     root = small_vault(tmp_path / "v")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
                     extra=engine_config())
     with d:
         n = wait_embedded(d)["engines"]["embedding"]["vectors"]
+    return d, root, tmp_path / "data" / "ragd.log", n
+
+
+def test_a_restart_loads_the_matrix_snapshot(make_daemon, tmp_path):
+    d, root, _, n = embedded_once(make_daemon, tmp_path)
     (root / "How To" / "Set up custom statuses.md").unlink()  # changed while ragd was down
     with d:
         st = wait_embedded(d)
@@ -137,12 +144,7 @@ def test_a_restart_loads_the_matrix_snapshot(make_daemon, tmp_path):
 def test_vectors_read_from_the_cache_are_snapshotted(make_daemon, tmp_path):
     """No snapshot on disk (an upgrade, a deleted folder): the vectors are read from the cache
     once, and the stop writes the snapshot, so the next start reads nothing back."""
-    root = small_vault(tmp_path / "v")
-    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
-                    extra=engine_config())
-    log = tmp_path / "data" / "ragd.log"
-    with d:
-        n = wait_embedded(d)["engines"]["embedding"]["vectors"]
+    d, _, log, n = embedded_once(make_daemon, tmp_path)
     shutil.rmtree(tmp_path / "data" / "vectors")
     with d:
         wait_embedded(d)
@@ -159,12 +161,7 @@ def test_a_snapshot_checked_whole_is_trusted_at_the_next_start(make_daemon, tmp_
     """A snapshot without its state (a stop that ran out of time, an older ragd) is checked
     against the chunks, a pass over all of them (seconds at 1M chunks). Found whole, its state
     is written then: the start after it, even after a kill, loads it as it is."""
-    root = small_vault(tmp_path / "v")
-    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
-                    extra=engine_config())
-    log = tmp_path / "data" / "ragd.log"
-    with d:
-        n = wait_embedded(d)["engines"]["embedding"]["vectors"]
+    d, _, log, n = embedded_once(make_daemon, tmp_path)
     for meta in (tmp_path / "data" / "vectors").glob("space-*.meta.json"):
         meta.unlink()
     with d:
