@@ -27,8 +27,8 @@ BULK_NICE = 10
 # While a query is embedded by the query engine, the bulk embedding engines beside it are
 # paused (SIGSTOP of their process group, SIGCONT after): llama.cpp's threads meet at a barrier
 # after each step of the graph, so the query engine's threads beside busy bulk threads, on as
-# many cores, wait at every barrier for a thread that is not running — a query's embedding took
-# 578 ms during a bulk embedding against 8 ms idle (bench/while_embedding.py, niced or not).
+# many cores, wait at every barrier for a thread that is not running, niced or not: a query
+# would take many times its idle time while bulk work runs.
 # A flood of queries must not stop the bulk work: a pause lasts at most PAUSE_MAX, and the
 # engine owes no more than PAUSE_BURST of pauses not yet repaid by as long running.
 PAUSE_MAX = 0.5

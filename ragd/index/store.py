@@ -484,9 +484,9 @@ def chunks_gen(db: sqlite3.Connection) -> int:
 
 def chunk_keys(db: sqlite3.Connection):
     """(ids, file ids, embed hashes as bytes padded with spaces to 32) of every chunk, by
-    id, as numpy arrays. Read
-    as one string of fixed-width records: at 1M chunks a row at a time took 2.4 s with the
-    arrays, this 0.8 s (a snapshot written at a stop must fit in runtime.STOP_WITHIN)."""
+    id, as numpy arrays. Read as one string of fixed-width records, not a row at a time: a
+    snapshot written at a stop reads every chunk's keys and must fit in runtime.STOP_WITHIN
+    at a million chunks."""
     import numpy as np  # (the store's other readers need no numpy)
     (text,) = db.execute(
         "SELECT group_concat(printf('%020d%020d%-32.32s', id, file_id, embed_hash), '') "

@@ -50,11 +50,9 @@ MODES = ("hybrid", "vector", "bm25")
 # vector coverage, each pushing the answers below down one (docs/quality.md).
 MEANING_MARGIN = 0.1
 # A best chunk by meaning within this of the threshold is a weak match (Ranking.weak_meaning):
-# with weak word evidence too (notes.WEAK_CONFIDENCE), the notes likely do not answer. Chosen
-# on the dev and held-out sets together: the out-of-scope questions of a vault's own domain
-# ("on-call pay", "health insurance" over a company's notes) found some of their words and
-# a best chunk at 0.31-0.32, where every in-scope question with as few words found had one
-# at 0.41 or more (docs/quality.md).
+# with weak word evidence too (notes.WEAK_CONFIDENCE), the notes likely do not answer: a
+# question in a vault's own domain that it does not answer finds some of its words, and
+# nothing close in meaning (its calibration: docs/quality.md).
 WEAK_MEANING = 0.05
 MEANING_GAP = 0.07
 GAP_CHUNKS = 30  # of the vector list looked through for the best chunk of another note
