@@ -273,49 +273,38 @@ class Engine:
 
     def kill_now(self) -> None:
         """SIGKILL the engine's process group (ragd's stop ran out of time: no orphans)."""
-        with self._lock:
-            proc = self._proc
-        if proc is not None and proc.poll() is None:
+        proc = self._running()
+        if proc is not None:
             log.warning("%s engine (pid %d): still running as ragd stops, sending SIGKILL",
                         self.role, proc.pid)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _signal_group(proc, signal.SIGKILL)
 
     def signal(self, sig: int) -> bool:
         """Send sig to the engine's process group; False when no engine process runs. Used to
         pause the bulk engine while a query is embedded (manager.QueryFirst)."""
+        with self._lock:  # held: a restart must not swap the process between check and send
+            proc = self._proc
+            return proc is not None and proc.poll() is None and _signal_group(proc, sig)
+
+    def _running(self) -> subprocess.Popen | None:
         with self._lock:
             proc = self._proc
-            if proc is None or proc.poll() is not None:
-                return False
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                return False
-        return True
+        return proc if proc is not None and proc.poll() is None else None
 
     def _kill(self, why: str, grace: float = 5.0) -> None:
-        with self._lock:
-            proc = self._proc
-        if proc is None or proc.poll() is not None:
+        proc = self._running()
+        if proc is None:
             return
         log.info("%s engine (pid %d): %s, sending SIGTERM", self.role, proc.pid, why)
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            os.killpg(proc.pid, signal.SIGCONT)  # a paused engine must see its SIGTERM
-        except ProcessLookupError:
+        # SIGCONT after it: a paused engine must see its SIGTERM
+        if not _signal_group(proc, signal.SIGTERM, signal.SIGCONT):
             return
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
             log.warning("%s engine (pid %d) did not exit after SIGTERM, sending SIGKILL",
                         self.role, proc.pid)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _signal_group(proc, signal.SIGKILL)
             proc.wait(5)
 
     def _wait_health(self, proc: subprocess.Popen) -> bool:
@@ -450,3 +439,15 @@ class Engine:
         self._retry.clear()
         self.next_try = None
         return not self._stop.is_set()
+
+
+def _signal_group(proc: subprocess.Popen, *sigs: int) -> bool:
+    """Send each of sigs to the process group the engine leads (started with
+    start_new_session: the bundled engine's Python parent and its server child go together);
+    False when the group is gone."""
+    try:
+        for sig in sigs:
+            os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
