@@ -74,7 +74,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("index", "chunk_tokens", "chunk_tokens", int, 0, LIVE,
       "Chunk size in estimated tokens; 0 fits it to the embedding model (half its context, "
       "128 to 512). A change re-chunks every file.", low=0),
-    S("index", "chunk_overlap", "chunk_overlap", int, 48, LIVE,
+    S("index", "chunk_overlap", "chunk_overlap", int, 24, LIVE,
       "Tokens a chunk may repeat from the one before it when a section is split. A change "
       "re-chunks every file.", low=0),
     S("index", "max_file_bytes", "max_file_bytes", int, 10 * 1024 * 1024, LIVE,
