@@ -58,7 +58,9 @@ class Runtime:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._reload_lock = threading.Lock()
-        self.vectors = VectorStore(cfg.data_dir, cfg.vector_dtype, cfg.ann_threshold)
+        self.vectors = VectorStore(cfg.data_dir, cfg.vector_dtype, cfg.ann_threshold,
+                                   keys_only=cfg.store_backend == "milvus"
+                                   and not cfg.store_local_vectors)
         self.vectors.enabled = bool(cfg.embedding_model)
         self.engines = Engines(cfg, on_embedding=self._on_embedding)
         self.embedding = Embedding(cfg, self.engines, self.vectors)

@@ -189,6 +189,9 @@ SETTINGS: tuple[Setting, ...] = (
       "Milvus: collection names start with this (letters, digits and _)."),
     S("store", "token", "store_token", str, "", RESTART,
       'Milvus: a server\'s credentials, "user:password" or an API key ("": none).'),
+    S("store", "local_vectors", "store_local_vectors", bool, False, RESTART,
+      "Milvus: also keep every vector in ragd's memory, so dense search answers while Milvus "
+      "is down or filling; false: ragd keeps only which chunks have one."),
 
     S("generator", "model", "generator_model", str, "", RESTART,
       'A chat model for ragctl ask: a registry name or a GGUF path; "" = ask is unavailable.'),

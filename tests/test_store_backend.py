@@ -16,11 +16,17 @@ from conftest import engine_config, ragctl, small_vault, wait_embedded
 STORES = ["sqlite", "sqlite-fts5", "milvus"]
 
 
-def store_extra(backend: str) -> str:
+def store_extra(backend: str, local_vectors: bool = False) -> str:
     if backend == "sqlite-fts5":
         return engine_config(extra='[search]\nbm25_index = "fts5"\n')
     token = 'token = "root:Milvus"\n' if backend == "milvus" else ""  # Lite takes any
-    return engine_config(extra=f'[store]\nbackend = "{backend}"\n{token}')
+    local = "local_vectors = true\n" if local_vectors else ""
+    return engine_config(extra=f'[store]\nbackend = "{backend}"\n{token}{local}')
+
+
+def snapshot_files(data: Path) -> set[str]:
+    return {p.name.split(".", 1)[1] for p in (data / "vectors").glob("space-*.npy")} | \
+        {p.name.split(".", 1)[1] for p in (data / "vectors").glob("space-*.usearch")}
 
 
 def behind(st) -> bool:
@@ -127,15 +133,26 @@ def test_search_edits_moves_and_restarts_through_the_store(make_daemon, tmp_path
         res = d.call("search", query=q, mode="hybrid", k=5)
         assert res.get("store", "sqlite") == store_name and res["results"]
         assert res.get("bm25_index") == bm25_served_by(backend), res
+        # Milvus holds the vectors: ragd keeps which chunks have one, not the vectors
+        assert st["engines"]["embedding"]["vector_index"] == (
+            "milvus" if backend == "milvus" else "exact"), st["engines"]["embedding"]
+        res = d.call("related", path=res["results"][0]["path"], k=3)
+        assert res["results"] and not res.get("reason"), res
+    assert snapshot_files(tmp_path / "data") == (
+        {"ids.npy", "files.npy", "hashes.npy"} if backend == "milvus" else
+        {"ids.npy", "files.npy", "hashes.npy", "vectors.npy"})
 
 
-def test_milvus_down_answers_from_sqlite(make_daemon, tmp_path):
+@pytest.mark.parametrize("local_vectors", [False, True])
+def test_milvus_down_answers_from_sqlite(make_daemon, tmp_path, local_vectors):
     """Milvus unreachable (a server URI nothing listens on): search answers from SQLite and
-    says so; the mirror keeps retrying with its work in the outbox, and the daemon lives on."""
+    says so; the mirror keeps retrying with its work in the outbox, and the daemon lives on.
+    Without a local copy of the vectors the answer is by keywords alone, and says why."""
     root = small_vault(tmp_path / "vault")
+    local = "local_vectors = true\n" if local_vectors else ""
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
                     extra=engine_config(extra='[store]\nbackend = "milvus"\n'
-                                              'uri = "http://127.0.0.1:9"\n'))
+                                              f'uri = "http://127.0.0.1:9"\n{local}'))
     with d:
         st = wait_embedded(d)
         deadline = time.monotonic() + 60
@@ -146,19 +163,29 @@ def test_milvus_down_answers_from_sqlite(make_daemon, tmp_path):
         assert st["store"]["error"]
         res = d.call("search", query="custom status", mode="hybrid", k=3)
         assert res["results"] and res["store"].startswith("sqlite (milvus ")
+        if local_vectors:
+            assert res["mode"] == "hybrid" and not res["degraded"], res
+        else:
+            assert res["mode"] == "bm25" and res["degraded"], res
+            assert res["reason"].startswith("the vectors are in Milvus alone (milvus retrying")
+            rel = d.call("related", path=res["results"][0]["path"])
+            assert not rel["results"] and "Milvus alone" in rel["reason"], rel
         st = d.call("status")
         assert st["store"]["pending"] > 0 and st["store"]["collection"] is None
         out = ragctl("--config", d.config, "status").stdout
         assert "search reads SQLite meanwhile" in out and "last error" in out, out
 
 
-def test_a_model_switch_with_milvus_never_mixes_vector_spaces(make_daemon, tmp_path):
+@pytest.mark.parametrize("local_vectors", [False, True])
+def test_a_model_switch_with_milvus_never_mixes_vector_spaces(make_daemon, tmp_path,
+                                                              local_vectors):
     """A switch (mean pooling to CLS: two really different spaces): Milvus holds one space's
-    vectors, so until its new collection has every chunk search reads SQLite; a dense answer
-    from Milvus is always from the space that embedded the query."""
+    vectors, so until its new collection has every chunk search reads SQLite (by keywords
+    alone, said so, when Milvus alone holds the vectors); a dense answer from Milvus is always
+    from the space that embedded the query."""
     root = small_vault(tmp_path / "v")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
-                    extra=store_extra("milvus"))
+                    extra=store_extra("milvus", local_vectors))
     with d:
         st = in_sync(d)
         s1 = st["engines"]["embedding"]["space"]
@@ -171,7 +198,10 @@ def test_a_model_switch_with_milvus_never_mixes_vector_spaces(make_daemon, tmp_p
         while True:
             st = d.call("status")
             r = d.call("search", query="a kanban board with lanes", mode="vector", k=3)
-            assert not r["degraded"] and r["results"], r
+            if local_vectors or r["store"] == "milvus":
+                assert not r["degraded"] and r["results"], r
+            else:
+                assert r["degraded"] and "Milvus alone" in r["reason"], r
             stores.add(r["store"])
             if r["store"] == "milvus":
                 assert r["store_space"] == r["vector_space"], r

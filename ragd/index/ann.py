@@ -75,6 +75,8 @@ class AnnIndex:
         """How the graph stores its vectors: "f16", "i8"."""
         return str(self._ix.dtype).rsplit(".", 1)[-1].lower()
 
+    remote = False  # searched here
+
     @property
     def approximate(self) -> bool:
         """Its cosines are those of int8 vectors (about ±0.005): a search's candidates are

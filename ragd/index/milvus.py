@@ -318,6 +318,25 @@ class MilvusStore(outbox.OutboxSync):
         return (np.array([int(h["id"]) for h in hits], dtype=np.int64),
                 np.array([float(h["distance"]) for h in hits], dtype=np.float32))
 
+    def nearest_to_any(self, view, queries: np.ndarray, k: int, exclude_files=()
+                       ) -> list[tuple[int, int, float, int]]:
+        """As VectorIndex.nearest_to_any (related notes), asked of the collection: one search
+        of every query vector, each chunk kept at its closest."""
+        expr = "embedded == true" + (
+            f" and file_id not in [{','.join(str(int(f)) for f in exclude_files)}]"
+            if len(exclude_files) else "")
+        res = self._client().search(view[0], data=np.asarray(queries, np.float32).tolist(),
+                                    anns_field="dense", limit=k, filter=expr,
+                                    output_fields=["file_id"],
+                                    search_params={"metric_type": "COSINE"})
+        best: dict[int, tuple[int, int, float, int]] = {}
+        for which, hits in enumerate(res):
+            for h in hits:
+                cid, score = int(h["id"]), float(h["distance"])
+                if cid not in best or score > best[cid][2]:
+                    best[cid] = (cid, int(h["entity"]["file_id"]), score, which)
+        return sorted(best.values(), key=lambda t: -t[2])[:k]
+
     def hybrid(self, view, db, query: str, qv: np.ndarray, n: int, rrf_k: int = 60,
                files=None) -> list[tuple[int, float]]:
         """Milvus' own hybrid search: both rankings and their RRF in one request."""

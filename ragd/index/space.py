@@ -38,7 +38,10 @@ class Space:
     # the queue ------------------------------------------------------------------------------------
 
     def searched_by(self) -> str:
-        """How its vectors are searched: "exact", "hnsw", or "exact (building hnsw)"."""
+        """How its vectors are searched: "exact", "hnsw", "exact (building hnsw)", or
+        "milvus" (the store backend holds them: keysonly.py)."""
+        if self.vectors.remote:
+            return "milvus"
         if isinstance(self.vectors, AnnIndex):
             return "hnsw"
         return "exact (building hnsw)" if self.ann_ops is not None else "exact"

@@ -45,6 +45,7 @@ class VectorIndex:
         return self._n * self.dims * self.dtype.itemsize
 
     approximate = False  # its cosines are the vectors' own (VectorStore.rescore)
+    remote = False  # searched here (keysonly.KeysOnly: in the store backend)
 
     def add(self, ids: list[int], vectors: np.ndarray, files: list[int] | None = None) -> None:
         """Add (or replace) rows for these chunk ids (files: the chunks' file ids)."""

@@ -33,6 +33,7 @@ import numpy as np
 from ragd.engines.models import REGISTRY, ResolvedModel, recognise, sha256_file
 from ragd.index import store
 from ragd.index.ann import AnnIndex
+from ragd.index.keysonly import KeysOnly
 from ragd.index.space import Space
 from ragd.index.vectors import VectorIndex, from_blob, to_blob
 from ragd.text import chunk_rows
@@ -66,9 +67,13 @@ def fingerprint(db: sqlite3.Connection, model: ResolvedModel) -> str:
 
 
 class VectorStore:
-    def __init__(self, data_dir: Path, dtype: str = "float32", ann_threshold: int = 0):
+    def __init__(self, data_dir: Path, dtype: str = "float32", ann_threshold: int = 0,
+                 keys_only: bool = False):
         self.dir = data_dir / "vectors"
         self.dtype = dtype
+        # The store backend holds the vectors and answers dense search: a space keeps only
+        # which chunks have one (keysonly.py)
+        self.keys_only = keys_only
         # A space with at least this many vectors is searched through an HNSW graph (ann.py);
         # below it, exactly. 0: always exactly.
         self.ann_threshold = ann_threshold
@@ -174,6 +179,17 @@ class VectorStore:
         order = np.argsort(-exact, kind="stable")
         return ids[order], exact[order]
 
+    @staticmethod
+    def vectors_of(db: sqlite3.Connection, space: Space, ids) -> tuple[list[int], np.ndarray]:
+        """(the ids that have one, their float32 vectors) of these chunks: from the space's
+        index, or from the cache when the store backend holds the vectors (keys_only)."""
+        if not space.vectors.remote:
+            return space.vectors.get(ids)
+        stored = store.chunk_vectors(db, space.id, [int(i) for i in ids])
+        found = [int(i) for i in ids if int(i) in stored]
+        return found, (np.vstack([from_blob(stored[c]) for c in found]).astype(np.float32)
+                       if found else np.empty((0, space.vectors.dims), np.float32))
+
     def embed_now(self, db: sqlite3.Connection, records: list):
         live = self._live
         return live.embed_now(db, records) if live is not None else None
@@ -200,9 +216,31 @@ class VectorStore:
                 out[h] = from_blob(blob)
         return out
 
+    @staticmethod
+    def present(db: sqlite3.Connection, space: int, hashes) -> dict[str, None]:
+        """Those of these texts that have a vector in a space (cached's keys, the vectors not
+        read: what a keys-only space needs)."""
+        out: dict[str, None] = {}
+        hs = list(hashes)
+        for i in range(0, len(hs), 500):
+            part = hs[i:i + 500]
+            out.update((h, None) for (h,) in db.execute(
+                f"SELECT text_hash FROM embeddings WHERE space = ? AND text_hash IN "
+                f"({','.join('?' * len(part))})", [space, *part]))
+        return out
+
+    def _cached_for(self, db: sqlite3.Connection, space: Space, hashes) -> dict:
+        """What the space's index takes of these texts: their vectors, or (keys only) which
+        have one."""
+        return (self.present if space.vectors.remote else self.cached)(db, space.id, hashes)
+
+    @staticmethod
+    def _stack(space: Space, vecs: list):
+        return None if space.vectors.remote else np.vstack(vecs)
+
     def _add_cached(self, db: sqlite3.Connection, space: Space,
                     by_hash: dict[str, list[tuple[int, int]]]) -> set[str]:
-        found = self.cached(db, space.id, by_hash)
+        found = self._cached_for(db, space, by_hash)
         ids, vecs, files = [], [], []
         for h, v in found.items():
             for cid, fid in by_hash[h]:
@@ -210,7 +248,7 @@ class VectorStore:
                 vecs.append(v)
                 files.append(fid)
         if ids:
-            self._add(space, ids, np.vstack(vecs), files)
+            self._add(space, ids, self._stack(space, vecs), files)
         return set(found)
 
     def _add(self, space: Space, ids: list[int], vecs: np.ndarray, files: list[int]) -> None:
@@ -232,7 +270,7 @@ class VectorStore:
     def _maybe_ann(self, space: Space) -> None:
         """A space grown past the threshold gets its graph, built in the background from the
         matrix (which answers meanwhile); changes made during the build are replayed on it."""
-        if (not self.ann_threshold or space.ann_ops is not None
+        if (not self.ann_threshold or space.ann_ops is not None or space.vectors.remote
                 or isinstance(space.vectors, AnnIndex)
                 or len(space.vectors) < self.ann_threshold):
             return
@@ -268,10 +306,16 @@ class VectorStore:
             rows = db.execute(f"SELECT id, embed_hash, file_id FROM chunks WHERE embed_hash IN "
                               f"({','.join('?' * len(by_hash))})", list(by_hash)).fetchall()
             missing = [h for h, v in by_hash.items() if v is None]
-            by_hash.update(self.cached(db, space.id, missing))
-            rows = [r for r in rows if by_hash.get(r[1]) is not None]
+            have = {h for h, v in by_hash.items() if v is not None}
+            if space.vectors.remote:
+                have.update(self.present(db, space.id, missing))
+            else:
+                by_hash.update(self.cached(db, space.id, missing))
+                have.update(h for h in missing if by_hash.get(h) is not None)
+            rows = [r for r in rows if r[1] in have]
             if rows:
-                self._add(space, [r[0] for r in rows], np.vstack([by_hash[r[1]] for r in rows]),
+                self._add(space, [r[0] for r in rows],
+                          self._stack(space, [by_hash[r[1]] for r in rows]),
                           [r[2] for r in rows])
         for fn in self._committed:
             fn()
@@ -309,7 +353,8 @@ class VectorStore:
             if activate:
                 self.make_active(db, chosen, record)
         t0 = time.monotonic()
-        space = Space(chosen, model, VectorIndex(len(probe), self.dtype, chosen))
+        space = Space(chosen, model, KeysOnly(len(probe), chosen) if self.keys_only
+                      else VectorIndex(len(probe), self.dtype, chosen))
         if model.name not in REGISTRY and (spec := recognise(probe)) is not None:
             space.recognised = spec
             log.info("model %s embeds as %s does: its similarity threshold %.2f applies "
@@ -370,7 +415,8 @@ class VectorStore:
                 mat.remove(ids[~ok].tolist())
                 how = f"from the saved graph ({int((~ok).sum())} dropped)"
             else:
-                space.vectors.add(ids[ok].tolist(), mat[ok], cur_files[pos[ok]].tolist())
+                space.vectors.add(ids[ok].tolist(), None if mat is None else mat[ok],
+                                  cur_files[pos[ok]].tolist())
                 how = "from the snapshot"
             need[pos[ok]] = False
             kept = int(ok.sum())
@@ -389,11 +435,12 @@ class VectorStore:
         for i in range(0, len(idx), 20000):
             part = idx[i:i + 20000]
             hashes = [h.decode().rstrip() for h in cur_hashes[part].tolist()]
-            cached = self.cached(db, space.id, set(hashes))
+            cached = self._cached_for(db, space, set(hashes))
             have = [(k, h) for k, h in zip(part, hashes) if h in cached]
             if have:
                 rows = [k for k, _ in have]
-                self._add(space, cur_ids[rows].tolist(), np.vstack([cached[h] for _, h in have]),
+                self._add(space, cur_ids[rows].tolist(),
+                          self._stack(space, [cached[h] for _, h in have]),
                           cur_files[rows].tolist())
             for h in hashes:
                 if h not in cached and h not in skip:
@@ -444,7 +491,7 @@ class VectorStore:
         vi = space.vectors
         graph = isinstance(vi, AnnIndex)
         with self.sync:
-            if graph:  # the graph is saved as it is; no vectors file
+            if graph or vi.remote:  # the graph is saved as it is; no vectors file
                 ids, files, mat = vi.export_keys()
             else:
                 ids, files, mat = vi.export()
@@ -463,6 +510,9 @@ class VectorStore:
                   "hashes": cur_hashes[pos[keep]]}
         if graph:
             vi.save(paths["graph"])
+            paths["vectors"].unlink(missing_ok=True)
+        elif vi.remote:  # which chunks have a vector, and of which text: nothing else
+            paths["graph"].unlink(missing_ok=True)
             paths["vectors"].unlink(missing_ok=True)
         else:
             arrays["vectors"] = mat[keep]
@@ -489,6 +539,16 @@ class VectorStore:
         """(ids, files, the matrix or the graph, each row's text hash — None when not asked
         for) of the space's snapshot; None when it cannot be used."""
         paths = self._paths(space)
+        if space.vectors.remote:  # the keys are enough (a snapshot with vectors is one too)
+            try:
+                ids, files = np.load(paths["ids"]), np.load(paths["files"])
+                hs = np.load(paths["hashes"]) if hashes else None
+            except (OSError, ValueError):
+                return None
+            if not len(ids) == len(files) == (len(hs) if hashes else len(ids)):
+                log.warning("space %d: its snapshot is inconsistent; reading the cache", space.id)
+                return None
+            return ids, files, None, hs
         if paths["graph"].exists():
             try:
                 ids, files = np.load(paths["ids"]), np.load(paths["files"])

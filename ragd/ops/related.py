@@ -60,7 +60,19 @@ class RelatedOps:
                 return {"results": [], "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
                         "reason": why, **partial}
             exclude = own | {b.file_id for b in self.p.buffers.active() if b.file_id is not None}
-            top = related.nearest_notes(db, space.vectors, vecs, k, exclude)
+            searched = self._searched(space)
+            if isinstance(searched, str):
+                return {"results": [], "of": note_path, "reason": searched,
+                        "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), **partial}
+            try:
+                top = related.nearest_notes(db, searched, vecs, k, exclude)
+            except Exception as e:  # Milvus failing (the local index raises nothing here)
+                if not space.vectors.remote:
+                    raise
+                return {"results": [], "of": note_path, "reason": (
+                            f"the vectors are in Milvus alone, which failed: "
+                            f"{type(e).__name__}: {e}")[:300],
+                        "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), **partial}
             # the nearest of unrelated notes are still someone's nearest: a note is related
             # only over a bar MEANING_MARGIN under search's threshold (the threshold is a
             # question's against a passage's; two passages on one topic, each of its own
@@ -89,6 +101,19 @@ class RelatedOps:
                            f"embedded yet are not compared")
         return out
 
+    def _searched(self, space):
+        """What answers nearest_to_any for the space: its own index, or (the vectors in
+        Milvus alone: [store] local_vectors = false) the Milvus collection holding the space;
+        a str saying why neither can."""
+        if not space.vectors.remote:
+            return space.vectors
+        backend = self.p.backend
+        view = backend.view if backend is not None and backend.serving else None
+        if view is None or view[1] != space.id:
+            state = backend.state if backend is not None else "not configured"
+            return f"the vectors are in Milvus alone, which cannot answer yet (milvus {state})"
+        return _CollectionVectors(backend, view)
+
     def _related_source(self, db, path: str | None, text: str | None):
         """(line spans, vectors, file ids to leave out, path, the chunks' text hashes) of what
         related is asked of: a note's stored vectors (or its unsaved buffer's), or a text
@@ -112,7 +137,8 @@ class RelatedOps:
             if row is None:
                 raise OpError(P.NOT_FOUND, f"related: {path} is not indexed")
             chunks = store.file_chunks(db, row["id"])
-            ids, vecs = self.p.vectors.active.vectors.get([c[0] for c in chunks])
+            ids, vecs = self.p.vectors.vectors_of(db, self.p.vectors.active,
+                                                  [c[0] for c in chunks])
             span = {c[0]: {"line_start": c[1], "line_end": c[2]} for c in chunks}
             digest = {c[0]: c[3] for c in chunks}
             return [span[i] for i in ids][:RELATED_CHUNKS], vecs[:RELATED_CHUNKS], \
@@ -137,3 +163,12 @@ class RelatedOps:
         return ([{"line_start": c.line_start, "line_end": c.line_end} for c in pieces], vecs,
                 set(), None, [c.text_hash for c in pieces])
 
+
+class _CollectionVectors:
+    """A Milvus collection read as a space's vectors are, for related.nearest_notes."""
+
+    def __init__(self, backend, view):
+        self.backend, self.view = backend, view
+
+    def nearest_to_any(self, queries, k: int, exclude_files=()):
+        return self.backend.nearest_to_any(self.view, queries, k, exclude_files)

@@ -32,6 +32,7 @@ import numpy as np
 
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.index import store
+from ragd.index.keysonly import VectorsElsewhere
 from ragd.search import bm25, boilerplate, notes
 from ragd.search.filters import Filters
 from ragd.search.fusion import (PARTIAL_FUSION_FROM, Candidate, bm25_order, convex,
@@ -518,7 +519,10 @@ class Searcher:
         r.timings["embed_ms"] = got.ms
         r.query_truncated = got.truncated
         vi = got.space.vectors
-        ids, cos = self._dense(q, r, got.space, got.vector)
+        try:
+            ids, cos = self._dense(q, r, got.space, got.vector)
+        except VectorsElsewhere as e:
+            return str(e)
         r.vector_space = vi.space
         r.vector_coverage = round(self._coverage(q.db, vi), 4)
         if r.vector_coverage < 1.0 and "bm25" in q.lists:
@@ -549,6 +553,12 @@ class Searcher:
                 r.store_space = space.id  # the collection's, checked equal above
             except Exception as e:  # Milvus failing: this ranking from the local index
                 r.store = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
+        if ids is None and space.vectors.remote:
+            # [store] local_vectors = false: no copy here to fall back on
+            why = r.store.removeprefix("sqlite (").removesuffix(")") if r.store else \
+                "milvus is not connected"
+            raise VectorsElsewhere(f"the vectors are in Milvus alone ({why}); "
+                                   f"ranked by keywords")
         if ids is None:
             ids, cos = space.vectors.search(qv, q.n, q.files)
             ids, cos = self.vectors.rescore(q.db, space, qv, ids, cos)
@@ -574,11 +584,14 @@ class Searcher:
         first = partial_rrf(q.lists, self.cfg.rrf_k, weights, r.coverage, q.unembedded)
         top = sorted(first, key=lambda c: -first[c])[:m]
         # (an unsaved buffer's chunks give none: their vectors are not in the index)
-        found, vecs = space.vectors.get(store.indexed(top))
+        found, vecs = self.vectors.vectors_of(q.db, space, store.indexed(top))
         if not found:
             return
         q2 = unit(unit(qv) + beta * unit(vecs).mean(axis=0))
-        ids, cos = self._dense(q, r, space, q2)
+        try:
+            ids, cos = self._dense(q, r, space, q2)
+        except VectorsElsewhere:  # Milvus went away since the first search: keep its list
+            return
         self._set_vector_list(q, ids, cos)
         r.feedback = {"chunks": len(found), "weight": beta}
         r.timings["feedback_ms"] = round((time.perf_counter() - t) * 1e3, 2)
