@@ -167,7 +167,8 @@ def test_milvus_down_answers_from_sqlite(make_daemon, tmp_path, local_vectors):
             assert res["mode"] == "hybrid" and not res["degraded"], res
         else:
             assert res["mode"] == "bm25" and res["degraded"], res
-            assert res["reason"].startswith("the vectors are in Milvus alone (milvus retrying")
+            assert res["reason"].startswith(
+                "the vectors are in Milvus alone, which cannot answer (milvus retrying")
             rel = d.call("related", path=res["results"][0]["path"])
             assert not rel["results"] and "Milvus alone" in rel["reason"], rel
         st = d.call("status")

@@ -557,8 +557,8 @@ class Searcher:
             # [store] local_vectors = false: no copy here to fall back on
             why = r.store.removeprefix("sqlite (").removesuffix(")") if r.store else \
                 "milvus is not connected"
-            raise VectorsElsewhere(f"the vectors are in Milvus alone ({why}); "
-                                   f"ranked by keywords")
+            raise VectorsElsewhere(f"the vectors are in Milvus alone, which cannot answer "
+                                   f"({why})")
         if ids is None:
             ids, cos = space.vectors.search(qv, q.n, q.files)
             ids, cos = self.vectors.rescore(q.db, space, qv, ids, cos)
