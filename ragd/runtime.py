@@ -86,7 +86,7 @@ class Runtime:
         self.reads = ReadPool(cfg.db_path)
         self.buffers = BufferStore(cfg, self.engines, self.reads, self.vectors)
         searcher = Searcher(cfg, self.engines, self.vectors, self.buffers, self.backend,
-                            self.text)
+                            self.text, self.reads)
         self.parts = Parts(cfg, self.reads, self.indexer, self.engines, self.vectors,
                            self.embedding, self.buffers, searcher, request_stop=self.stop,
                            reload=self.reload, backend=self.backend, text=self.text)

@@ -285,3 +285,27 @@ def test_few_words_found_and_a_weak_match_by_meaning_is_low_confidence(tmp_path,
     assert MIN_SIMILARITY + 0.02 < MIN_SIMILARITY + WEAK_MEANING < MIN_SIMILARITY + 0.2
     assert reply.get("weak_meaning", False) is weak
     assert reply["low_confidence"] is weak
+
+
+def test_shared_text_counts_only_texts_held_by_enough_files(tmp_path):
+    """Boilerplate counts (store.shared_text_counts): a text in 4 notes counts 4 for each of
+    its chunks, one in 2 notes is not boilerplate at 3, a note's own text is left out; the
+    cheap pre-check (a text held by fewer chunks than at_least) changes none of it."""
+    footer = "## Footer\n\nThis note is part of the shared household binder, kept on the shelf."
+    pair = "## Pair\n\nBoth of these notes mention the blue bicycle parked by the gate."
+    docs = {f"b/n{i}.md": f"# Note {i}\n\nA line of its own about topic number {i}.\n\n"
+                          f"{footer}\n" + (f"\n{pair}\n" if i < 2 else "") for i in range(4)}
+    rs = RankedStore(tmp_path, docs, FakeEmbedder({}))
+    from ragd.index import store
+    db = store.connect(rs.cfg.db_path)
+    try:
+        rows = db.execute("SELECT id, heading FROM chunks").fetchall()
+        ids = [cid for cid, _ in rows]
+        for at_least in (1, 3):
+            counts = store.shared_text_counts(db, ids, at_least)
+            for cid, heading in rows:
+                want = 4 if "Footer" in heading else 2 if "Pair" in heading else 1
+                assert counts.get(cid) == (want if want >= at_least else None), \
+                    (at_least, heading, counts.get(cid))
+    finally:
+        db.close()

@@ -629,10 +629,16 @@ def shared_text_counts(db: sqlite3.Connection, chunk_ids: Iterable[int],
     hold it, and no further than `cap` files: a text in every copy of a large corpus (a
     licence footer in 35,000 files) cost half a second a search counted in full."""
     by_text: dict[tuple[str, str], list[int]] = {}
+    # A text fewer than at_least chunks hold is in fewer files: left out in the same statement
+    # (an index probe a chunk, stopped at the at_least-th), so that the count below runs only
+    # for the few texts that repeat, not once for each of a search's ~150 candidates
+    repeated = ("" if at_least <= 1 else
+                " AND (SELECT COUNT(*) FROM (SELECT 1 FROM chunks d WHERE d.text_hash = "
+                f"c.text_hash LIMIT {int(at_least)})) >= {int(at_least)}")
     for part, q in in_batches(indexed(dict.fromkeys(chunk_ids))):
         for cid, h, source in db.execute(
                 f"SELECT c.id, c.text_hash, f.source FROM chunks c JOIN files f ON "
-                f"f.id = c.file_id WHERE c.id IN ({q})", part):
+                f"f.id = c.file_id WHERE c.id IN ({q}){repeated}", part):
             by_text.setdefault((h, source), []).append(cid)
     out: dict[int, int] = {}
     for (h, source), cids in by_text.items():

@@ -92,6 +92,10 @@ class _Query:
     # the vectors' first chunk for the query itself, its cosine, and how far it stands above
     # the best chunk of another note (None: no other note in the list)
     first: tuple[int, float, float | None] | None = None
+    # the whole-note BM25 (notes.note_evidence at weight 1), computed beside the rest of the
+    # search on a connection of its own (Searcher._start_notes); None: computed in its turn
+    notes: Future | None = None
+    by_note: bool = False  # results grouped by note: the whole-note BM25 is wanted
 
 
 def _done(value) -> Future:
@@ -101,8 +105,10 @@ def _done(value) -> Future:
 
 
 class Searcher:
-    def __init__(self, cfg, engines, vectors, buffers=None, backend=None, text=None):
+    def __init__(self, cfg, engines, vectors, buffers=None, backend=None, text=None,
+                 reads=None):
         self.cfg = cfg
+        self.reads = reads  # ops/reads.ReadPool: a second connection for the notes' BM25
         self.backend = backend  # index/milvus.py: serves both rankings once in sync
         self.text = text  # index/textindex.py: serves the BM25 ranking once filled
         self.engines = engines
@@ -134,6 +140,7 @@ class Searcher:
         q = self._begin(db, query, k, filters, text_view, r)
         if q is None:
             return r
+        q.by_note = group == "note"
         self._rank(q, r)
         t = time.perf_counter()
         if not self._anything_relevant(q, r):
@@ -219,6 +226,7 @@ class Searcher:
             coverage = self._coverage(q.db, space.vectors) if space is not None else 1.0
             self._bm25_ranking(q, r, HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
                                else COMMON_SHARE)
+            self._start_notes(q)
         if r.mode in ("hybrid", "vector"):
             why = self._vector_ranking(q, r, embedding)
             if why is not None:
@@ -289,11 +297,40 @@ class Searcher:
             weight = self.cfg.note_weight * max(c.score for c in ranked)
         else:
             return
-        if weight > 0:
+        if weight <= 0:
+            return
+        t = time.perf_counter()
+        if q.notes is not None:
+            got, ms = q.notes.result()
+            r.note_evidence = {fid: (weight * add, x, rank) for fid, (add, x, rank)
+                               in got.items()}
+            r.timings["notes_bm25_ms"] = ms
+            r.timings["notes_wait_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+            return
+        r.note_evidence = notes.note_evidence(q.db, q.text, weight, q.dfs, self.buffers,
+                                              q.bufs, q.filters.exclude_files)
+        r.timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+
+    def _start_notes(self, q: _Query) -> None:
+        """Hybrid: start the whole-note BM25 on a thread of the pool, with a read connection
+        of its own, as soon as the BM25 ranking has counted the query's words (q.dfs). The
+        engine is done with the query by then, so a core is free: the notes' FTS5 walk (the
+        largest step after the embedding) runs beside the vector search, the feedback and
+        the fusion instead of after them. Its connection reads the index as of now, not the
+        search's snapshot: a commit in between can only change the score of a note no chunk
+        of this search's snapshot brings, which adds nothing (notes.group)."""
+        if (self.reads is None or not q.by_note or self.cfg.note_weight <= 0
+                or q.view is not None):
+            return
+        text, dfs, bufs, exclude = q.text, dict(q.dfs), q.bufs, q.filters.exclude_files
+
+        def work():
             t = time.perf_counter()
-            r.note_evidence = notes.note_evidence(q.db, q.text, weight, q.dfs, self.buffers,
-                                                  q.bufs, q.filters.exclude_files)
-            r.timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+            with self.reads.conn(snapshot=True) as db:
+                got = notes.note_evidence(db, text, 1.0, dfs, self.buffers, bufs, exclude)
+            return got, round((time.perf_counter() - t) * 1e3, 2)
+
+        q.notes = self._pool.submit(work)
 
     def _anything_relevant(self, q: _Query, r: Ranking) -> bool:
         """'Nothing relevant' when neither signal has anything: no vector above the similarity
