@@ -27,7 +27,13 @@ from pathlib import Path
 
 from common import EMBED_MODEL, Daemon, quiet_config, ready, rss_mb, save, write_config
 
-from scale import measure_queries, queries
+from scale import OLD_BUILDS_OVERLAP, measure_queries, queries
+
+
+def built_overlap(keep: Path) -> int:
+    """The chunking the index was built with (scale.daemon_for)."""
+    return json.loads((keep / "built.json").read_text()).get("chunk_overlap",
+                                                             OLD_BUILDS_OVERLAP)
 
 
 def daemon(keep: Path, data: Path, local: bool) -> Daemon:
@@ -36,7 +42,8 @@ def daemon(keep: Path, data: Path, local: bool) -> Daemon:
     cfg = write_config(run / f"config-{int(local)}.toml", data, run / "ragd.sock",
                        [{"name": "notes", "path": str(keep / "notes")}],
                        f'[embedding]\nmodel = "{EMBED_MODEL}"\n[store]\nbackend = "milvus"\n'
-                       f'local_vectors = {"true" if local else "false"}\n')
+                       f'local_vectors = {"true" if local else "false"}\n'
+                       f'[index]\nchunk_overlap = {built_overlap(keep)}\n')
     return Daemon(quiet_config(cfg), run / "ragd.sock", run / f"ragd-{int(local)}.log")
 
 

@@ -216,13 +216,23 @@ def build(work: Path, n_chunks: int, n_real: int, model_path: Path) -> None:
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
     (work / "built.json").write_text(json.dumps({"chunks": total, "files": files,
-                                                 "real": len(real), "model": str(model_path)}))
+                                                 "real": len(real), "model": str(model_path),
+                                                 "chunk_overlap": cfg.chunk_overlap}))
+
+
+# The chunking of indexes built before built.json said it (the default until 2026-12-04)
+OLD_BUILDS_OVERLAP = 48
 
 
 def daemon_for(work: Path, model_path: Path) -> Daemon:
+    # the daemon chunks as the build did: another chunk_overlap would re-chunk every file at
+    # start, and leave most of the new texts to embed for real
+    overlap = json.loads((work / "built.json").read_text()).get("chunk_overlap",
+                                                                 OLD_BUILDS_OVERLAP)
     cfg = write_config(work / "config.toml", work / "data", work / "run" / "ragd.sock",
                        [{"name": "notes", "path": str(work / "notes")}],
-                       f'[embedding]\nmodel = "{model_path}"\n')
+                       f'[embedding]\nmodel = "{model_path}"\n'
+                       f'[index]\nchunk_overlap = {overlap}\n')
     return Daemon(quiet_config(cfg), work / "run" / "ragd.sock", work / "ragd.log")
 
 
