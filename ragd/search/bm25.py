@@ -115,12 +115,17 @@ class LineMatcher:
         self.phrases = [p for p in phrases if p]
         self.signs = set(symbols(query))
         self._word: dict[str, bool] = {}  # a text word -> it stands for a content word
+        # _same against every stem at once: a stem the word starts with (str.startswith of
+        # a tuple), or a word of 4 letters or more that a stem starts with (its prefixes)
+        self._starts = tuple(self.stems)
+        self._prefixes = {s[:i] for s in self.stems for i in range(4, len(s) + 1)}
 
     def _matches(self, word: str) -> bool:
         hit = self._word.get(word)
         if hit is None:
             stem = _stem(word)
-            hit = self._word[word] = any(_same(stem, s) for s in self.stems)
+            hit = self._word[word] = bool(self._starts) and (
+                stem.startswith(self._starts) or stem in self._prefixes)
         return hit
 
     def lines(self, text: str, line_start: int) -> list[int]:
