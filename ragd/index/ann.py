@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from usearch.index import Index
 
-from ragd.index.filemap import FileMap
+from ragd.index.filemap import FileMap, MappedChunks
 
 CONNECTIVITY = 32
 EXPANSION_ADD = 128
@@ -37,7 +37,7 @@ EXACT_BELOW = 20000  # a filter leaving at most this many chunks: ranked exactly
 DTYPE = "i8"
 
 
-class AnnIndex:
+class AnnIndex(MappedChunks):
     def __init__(self, dims: int, space: int | None = None, index: Index | None = None,
                  dtype: str = DTYPE):
         self.dims = dims
@@ -59,12 +59,6 @@ class AnnIndex:
                       threads=threads)
             a._map = FileMap(ids, files)
         return a
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def __contains__(self, chunk_id: int) -> bool:
-        return chunk_id in self._map
 
     @property
     def nbytes(self) -> int:

@@ -87,3 +87,16 @@ class FileMap:
         """The chunk ids of these files."""
         self.merge()
         return self._ids[np.isin(self._files, files)]
+
+
+class MappedChunks:
+    """Size and membership of a vector index whose chunks are those of its FileMap
+    (`self._map`): the HNSW graph (ann.py) and the keys-only index (keysonly.py)."""
+
+    _map: FileMap
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __contains__(self, chunk_id: int) -> bool:
+        return chunk_id in self._map

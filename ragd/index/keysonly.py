@@ -15,14 +15,14 @@ import threading
 
 import numpy as np
 
-from ragd.index.filemap import FileMap
+from ragd.index.filemap import FileMap, MappedChunks
 
 
 class VectorsElsewhere(RuntimeError):
     """A search asked this index for what only the store holding the vectors can answer."""
 
 
-class KeysOnly:
+class KeysOnly(MappedChunks):
     approximate = False
     remote = True  # searched through the store backend, never here
 
@@ -31,12 +31,6 @@ class KeysOnly:
         self.space = space
         self._map = FileMap()
         self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def __contains__(self, chunk_id: int) -> bool:
-        return chunk_id in self._map
 
     @property
     def nbytes(self) -> int:
