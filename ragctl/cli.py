@@ -116,6 +116,9 @@ def parser() -> argparse.ArgumentParser:
                    help="add this folder to the config's sources (created from the documented "
                         "default when missing) and index it; on a running ragd too "
                         "(repeatable)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="return once ragd answers, not once its keyword index is ready "
+                        "(indexing goes on in the background)")
     p.set_defaults(func=do_start)
     p = sub.add_parser("service", parents=[common],
                        help="run ragd as a user service (systemd, launchd): install, uninstall")

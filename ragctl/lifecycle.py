@@ -31,10 +31,12 @@ def do_start(args) -> int:
     info = _ping(path)
     if info is not None:
         if args.source:  # add them to the running daemon (its config), or say why not
+            args.starting = True
             return _add_sources(args, args.source, running=True)
         print(f"ragd is already running (pid {info['pid']})")
         return 0
     if args.source:  # the config is the truth: the folders go into it, then ragd starts
+        args.starting = True
         _add_sources(args, args.source, running=False)
     # -P: the current folder is not put on sys.path, so a folder named ragd in it (a checkout)
     # cannot shadow the installed package ("cannot import name '__version__' from 'ragd'").
@@ -59,10 +61,17 @@ def do_start(args) -> int:
             info = _ping(path)
             if info is not None:
                 print(f"ragd started (pid {info['pid']}, socket {path})")
-                if _interactive(args):
+                if args.no_wait:
+                    if not args.json:
+                        print("indexing in the background; `ragctl status` to follow")
+                elif _interactive(args):
                     _progress(args, path)
-                elif not args.json:
-                    print("indexing in the background; `ragctl status` to follow")
+                else:
+                    # a script's next command searches: returned at once, `start && search`
+                    # answered "nothing relevant" from an index still being filled
+                    st = _wait_indexed(path)
+                    if not args.json:
+                        print(_next_step(st))
                 return 0
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
@@ -103,13 +112,7 @@ def _progress(args, sock, what: str = "indexing") -> None:
                 if first_vectors is None and vectors:
                     first_vectors = (time.monotonic(), vectors)
                 time.sleep(0.5)
-            # what is left to embed is known once the vectors are loaded (a restart embeds
-            # nothing it embedded before): a few seconds, not a guess from chunks - vectors
-            deadline = time.monotonic() + 15
-            while st.get("engines", {}).get("embedding", {}).get("pending_texts", 0) is None \
-                    and time.monotonic() < deadline:
-                time.sleep(0.5)
-                st = c.call("status")
+            st = _counted(c, st)
         print()
         rate = None
         if first_vectors and time.monotonic() > first_vectors[0] + 1:
@@ -119,6 +122,35 @@ def _progress(args, sock, what: str = "indexing") -> None:
         print("\nragd goes on in the background ('ragctl status' shows where it is)")
     except (OSError, P.ProtocolError, P.DaemonError):
         print()
+
+
+def _counted(c, st: dict) -> dict:
+    """The status once the daemon knows what is left to embed: the vectors are loaded first
+    (a restart embeds nothing it embedded before), a few seconds, not a guess from chunks -
+    vectors; at most 15 s."""
+    deadline = time.monotonic() + 15
+    while st.get("engines", {}).get("embedding", {}).get("pending_texts", 0) is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+        st = c.call("status")
+    return st
+
+
+def _wait_indexed(sock) -> dict:
+    """Until the keyword index holds every file (the daemon's own wait: nothing polls); the
+    status then. Vectors are not waited for: they follow in the background."""
+    try:
+        with P.Client(sock, timeout=3630) as c:
+            while True:
+                c.call("wait", timeout=3600, vectors=False)
+                st = c.call("status")
+                if st["idle"] and st["pending"] == 0 and not any(
+                        s["scanning"] for s in st["sources"]):
+                    return _counted(c, st)
+                time.sleep(0.05)  # (what is still to do was asked for while it waited)
+    except (OSError, P.ProtocolError, P.DaemonError) as e:
+        raise Fail(f"ragd started, but waiting for its keyword index failed: {e}; "
+                   f"`ragctl status` says where it is") from None
 
 
 def _next_step(st: dict, rate: float | None = None) -> str:
@@ -183,8 +215,12 @@ def _add_sources(args, folders: list[str], running: bool) -> int:
         print(f"ragd is indexing {', '.join(res['added'])} now")
         if _interactive(args):
             _progress(args, _socket(args))
-    elif added:
-        print("'ragctl start' indexes it" if not running else "")
+        elif getattr(args, "starting", False) and not args.no_wait:  # (start, as above)
+            st = _wait_indexed(_socket(args))
+            if not args.json:
+                print(_next_step(st))
+    elif added and not getattr(args, "starting", False):
+        print("'ragctl start' indexes it")
     return 0
 
 

@@ -40,6 +40,10 @@ def do_search(args) -> int:
                    if str(res.get("fusion", "")).startswith("bm25 order")
                    else "the rest are being embedded")
             notes.append(f"vectors cover {shown} of the index so far: {how}")
+        if res.get("files_pending") and not res.get("waited"):
+            n = res["files_pending"]
+            notes.append(f"{n:,} file{'s' if n != 1 else ''} still being indexed: not in these "
+                         f"results yet (--wait SECONDS waits for them)")
         if res.get("waited") and not res["waited"]["fresh"]:
             notes.append(f"waited {res['waited']['ms'] / 1000:.1f} s: changes are still being "
                          f"indexed, and may not be in these results yet")

@@ -134,10 +134,24 @@ def test_start_says_what_happens_next(make_daemon, tmp_path):
             r"keyword index ready \([\d,]+ chunks\); vectors: [a-z ]+; search works now, on "
             r"keywords until the vectors are in; `ragctl status` to follow", last), out
         assert " 0 vectors" not in out, out
-        # piped (a script): one line says where it goes on, and nothing waits
+        # piped (a script): it returns once the keyword index is ready too, so `start &&
+        # search` finds what is on disk (it returned at once, and the search said "nothing
+        # relevant" from an index still being filled), and says what follows in one line
         r = ragctl("--config", d.config, "stop")
         assert r.returncode == 0, r.stderr
-        r = ragctl("--config", d.config, "start")
+        (vault / "How To" / "Fresh.md").write_text("# Fresh\n\nThe word quillotrope.\n")
+        r = subprocess.run(f"{sys.executable} -m ragctl --config {d.config} start && "
+                           f"{sys.executable} -m ragctl --config {d.config} search -l "
+                           f"quillotrope", shell=True, capture_output=True, text=True,
+                           timeout=120)
+        lines = r.stdout.splitlines()
+        assert r.returncode == 0 and lines[-1].endswith("Fresh.md:3"), r.stdout + r.stderr
+        assert lines[-2].startswith(("keyword index ready", "index ready")), r.stdout
+        st = d.call("status")
+        assert st["pending"] == 0 and not any(s["scanning"] for s in st["sources"]), st
+        # --no-wait: returns once ragd answers, one line says where it goes on
+        assert ragctl("--config", d.config, "stop").returncode == 0
+        r = ragctl("--config", d.config, "start", "--no-wait")
         assert r.returncode == 0 and r.stdout.endswith(
             "\nindexing in the background; `ragctl status` to follow\n"), r.stdout
         # a restart embeds nothing it embedded before, and says so (it said "embedding 40
@@ -226,3 +240,26 @@ def test_stop_during_a_text_index_refill_is_quick_and_the_next_start_completes_i
         assert st["bm25_index"]["pushed"] == chunks == sum(s["chunks"] for s in st["sources"])
         res = d.call("search", query="weekly review", mode="bm25", k=3)
         assert res["bm25_index"] == "tantivy" and res["results"], res
+
+
+def test_a_search_says_how_many_files_are_not_indexed_yet(make_daemon, tmp_path):
+    """A file saved a moment ago and not indexed yet (held here for a long quiet window): a
+    search says so on stderr, rather than a bare "nothing relevant" (after `start` returned at
+    once, 486 files were still pending and nothing said so); --wait waits for it."""
+    vault = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}],
+                    extra='[embedding]\nmodel = ""\n[watch]\nquiet_ms = 5000\n')
+    with d:
+        d.wait_idle()
+        (vault / "How To" / "Later.md").write_text("# Later\n\nThe word snorkelwhist.\n")
+        deadline = time.monotonic() + 4
+        while d.call("search", query="snorkelwhist", mode="bm25").get("files_pending") != 1:
+            assert time.monotonic() < deadline, "the saved file was never counted as pending"
+            time.sleep(0.05)
+        r = ragctl("--config", d.config, "search", "-l", "snorkelwhist")
+        assert r.returncode == 1 and r.stdout == "", r.stdout
+        assert "1 file still being indexed" in r.stderr, r.stderr
+        r = ragctl("--config", d.config, "search", "-l", "--wait", "20", "snorkelwhist")
+        assert r.returncode == 0 and r.stdout.strip().endswith("Later.md:3"), r.stdout
+        assert "still being indexed" not in r.stderr, r.stderr
+        assert "files_pending" not in d.call("search", query="snorkelwhist", mode="bm25")

@@ -103,7 +103,15 @@ class SearchOps:
             reply["query_chars"] = len(query)
         if fresh is not None:
             reply["waited"] = {"fresh": fresh, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
+        waiting = self._waiting()
+        if waiting:  # a scan under way: "nothing relevant" may only be "not indexed yet"
+            reply["files_pending"] = waiting
         return reply
+
+    def _waiting(self) -> int:
+        """Files changed on disk or being scanned that the index does not hold yet."""
+        watcher = self.p.watcher
+        return self.p.indexer.pending + (watcher.pending if watcher is not None else 0)
 
     def cmd_ask(self, question: str, k: int | None, max_tokens: int | None,
                 sources: list | None, path: str | None, tag: str | None):
