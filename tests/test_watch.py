@@ -470,6 +470,32 @@ def test_an_edit_in_a_folder_moved_away_removes_nothing(make_daemon, tmp_path):
         assert st["sources"][0]["files"] == 1 and st["sources"][0]["last_error"] is None
 
 
+def test_a_folder_moved_away_and_back_is_taken_up_within_seconds(make_daemon, tmp_path):
+    """`mv Docs Docs-away`, a note written there, `mv Docs-away Docs`: seen gone at once (its
+    events come from a folder not there), and back within seconds, the note written meanwhile
+    indexed (a fresh-user walk: it waited for the next look, every 30 s by default)."""
+    root = tmp_path / "Docs"
+    root.mkdir()
+    for name in ("a", "b"):
+        (root / f"{name}.md").write_text(f"# {name}\n\nNote {name} about lemurs.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}])  # the default intervals
+    with d:
+        d.wait_idle()
+        away = tmp_path / "Docs-away"
+        os.rename(root, away)
+        (away / "new.md").write_text("# New\n\nNewfile zappowidget.\n")
+        deadline = time.monotonic() + 10
+        while d.call("status")["sources"][0]["watched"]:
+            assert time.monotonic() < deadline, "the folder moved away was not seen gone"
+            time.sleep(0.05)
+        os.rename(away, root)
+        assert find(d, "zappowidget", timeout=8)
+        st = d.wait_idle()
+        assert st["sources"][0]["watched"] and st["sources"][0]["files"] == 3, st["sources"]
+        (root / "c.md").write_text("# c\n\nNote c about okapis.\n")
+        assert find(d, "okapis", timeout=5)  # watched again
+
+
 def test_a_source_whose_folder_is_not_there_yet_is_watched_once_it_is(make_daemon, tmp_path):
     """A vault on a disk not mounted at login: the daemon starts anyway, serves the other
     sources, reports this one, and takes it up once the folder exists."""
