@@ -165,6 +165,32 @@ def test_a_word_no_note_holds_is_nothing_relevant(trust_daemon):
         assert "content word" not in (vec.get("reason") or ""), vec
 
 
+def test_a_made_up_word_one_note_holds_comes_alone(trust_daemon):
+    """A word only one note holds, a made-up one: that note, and no note the word's own
+    embedding is not close to. Dense feedback moves the query towards the note found, and the
+    moved query's neighbours (other scratch notes of made-up words) cleared the threshold: seven
+    unrelated notes came after the one that holds the word, with -l printing them all."""
+    d = trust_daemon
+    intro = d.vault / "How To" / "Scratch.md"
+    intro.write_text("# Scratch\n\nA note about the qwimbleflux I keep meaning to write up, "
+                     "with nothing else in it yet.\n")
+    for name, text in [("new", "newfile zappowidget"), ("brandnew", "brandnew glorptastic"),
+                       ("other", "zorblattic test note"), ("more", "plimbertosh draft")]:
+        (d.vault / "Scratch").mkdir(exist_ok=True)
+        (d.vault / "Scratch" / f"{name}.md").write_text(f"{text}\n")
+    with d:
+        wait_embedded(d)
+        res = d.call("search", query="qwimbleflux", k=10)
+        thr = 0.30  # all-MiniLM-L6-v2's threshold (the registry's, found by its probe)
+        own = d.call("search", query="qwimbleflux", mode="vector", k=20)
+        close = {r["path"] for r in own["results"] if r["scores"]["vector"] >= thr}
+        assert res["results"] and res["results"][0]["path"].endswith("Scratch.md"), res
+        for r in res["results"][1:]:  # meaning alone: only by the query's own cosine
+            assert "bm25" in r["scores"] or r["path"] in close, (r["path"], r["scores"], close)
+        r = ragctl("--config", d.config, "search", "-l", "qwimbleflux")
+        assert r.returncode == 0 and len(r.stdout.splitlines()) == len(res["results"]), r.stdout
+
+
 def test_boilerplate_weighs_less_than_the_note_that_answers(trust_daemon):
     """A template's fixed section, word for word in five notes ("Output Goal ... technical
     implementation ... communication"), ranked above the note about writing down technical

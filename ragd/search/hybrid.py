@@ -96,6 +96,9 @@ class _Query:
     # search on a connection of its own (Searcher._start_notes); None: computed in its turn
     notes: Future | None = None
     by_note: bool = False  # results grouped by note: the whole-note BM25 is wanted
+    # each chunk's cosine to the query itself, kept when dense feedback searches again with a
+    # moved query (None: no feedback; the vector list's cosines are the query's own)
+    own: dict[int, float] | None = None
 
 
 def _done(value) -> Future:
@@ -264,7 +267,7 @@ class Searcher:
             fused = partial_rrf(lists, self.cfg.rrf_k, weights, r.coverage, q.unembedded)
             key = "rrf"
         if "vector" in lists:
-            self._cut_weak_tail(fused, parts, r)
+            self._cut_weak_tail(q, fused, r)
         for cid, s in fused.items() if key else ():
             parts[cid][key] = round(s, 6)
         order = sorted(fused, key=lambda c: -fused[c])
@@ -413,19 +416,30 @@ class Searcher:
         return Trusted(cid, round(cosine, 4), TRUSTED_RANK,
                        gap=None if gap is None else round(gap, 4))
 
-    def _cut_weak_tail(self, ranked: dict[int, float], parts: dict[int, dict],
-                       r: Ranking) -> None:
+    def _cut_weak_tail(self, q: _Query, ranked: dict[int, float], r: Ranking) -> None:
         """Hybrid: drop from `ranked` the chunks found by meaning alone (no BM25 hit) whose
         cosine is below the similarity threshold (below meaning_bar when no chunk holds a word
         of the query): by the threshold's own measure they are not relevant, and a word found
         in one note came back with nine notes of similarity 0.25 after it. Not in vector
-        search, where nothing else stands in. After dense feedback the cosine compared is the
-        moved query's (what the fusion used)."""
+        search, where nothing else stands in. After dense feedback the cosine is the moved
+        query's (what the fusion used), unless the query is a lookup, words some chunk holds
+        every one of: then it is the query's own. The moved query is close to what BM25 found,
+        and its neighbours are that note's, not the query's: a made-up word held by one note
+        came back with seven unrelated notes at 0.36-0.41, the word's own best 0.34. (For a
+        question, feedback's neighbours can be its answer: the held-out set lost one, from 7th
+        to past 10th, when every query was cut so.) A chunk only the moved query found is as
+        far from the query as the first search's last, at most."""
         floor = r.meaning_bar or self.threshold()
         if floor <= 0:  # no threshold (0: off)
             return
-        weak = [c for c in ranked
-                if "bm25" not in parts[c] and parts[c].get("vector", floor) < floor]
+        parts = q.parts
+        alone = [c for c in ranked if "bm25" not in parts[c]]
+        weak = [c for c in alone if parts[c].get("vector", floor) < floor]
+        if q.own is not None:
+            last = min(q.own.values(), default=-1.0)
+            far = [c for c in alone if q.own.get(c, last) < floor and c not in weak]
+            if far and bm25.all_terms_match(q.db, q.text, q.filters):  # (asked only then)
+                weak += far
         for c in weak:
             del ranked[c]
         if weak:
@@ -629,6 +643,7 @@ class Searcher:
             ids, cos = self._dense(q, r, space, q2)
         except VectorsElsewhere:  # Milvus went away since the first search: keep its list
             return
+        q.own = {c: q.parts[c]["vector"] for c in q.lists["vector"]}
         self._set_vector_list(q, ids, cos)
         r.feedback = {"chunks": len(found), "weight": beta}
         r.timings["feedback_ms"] = round((time.perf_counter() - t) * 1e3, 2)
