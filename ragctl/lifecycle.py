@@ -31,13 +31,11 @@ def do_start(args) -> int:
     info = _ping(path)
     if info is not None:
         if args.source:  # add them to the running daemon (its config), or say why not
-            args.starting = True
-            return _add_sources(args, args.source, running=True)
+            return _add_sources(args, args.source, running=True, starting=True)
         print(f"ragd is already running (pid {info['pid']})")
         return 0
     if args.source:  # the config is the truth: the folders go into it, then ragd starts
-        args.starting = True
-        _add_sources(args, args.source, running=False)
+        _add_sources(args, args.source, running=False, starting=True)
     # -P: the current folder is not put on sys.path, so a folder named ragd in it (a checkout)
     # cannot shadow the installed package ("cannot import name '__version__' from 'ragd'").
     cmd = [sys.executable, "-P", "-m", "ragd", "--background"]
@@ -69,9 +67,7 @@ def do_start(args) -> int:
                 else:
                     # a script's next command searches: returned at once, `start && search`
                     # answered "nothing relevant" from an index still being filled
-                    st = _wait_indexed(path)
-                    if not args.json:
-                        print(_next_step(st))
+                    _wait_indexed(args, path)
                 return 0
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
@@ -136,9 +132,9 @@ def _counted(c, st: dict) -> dict:
     return st
 
 
-def _wait_indexed(sock) -> dict:
-    """Until the keyword index holds every file (the daemon's own wait: nothing polls); the
-    status then. Vectors are not waited for: they follow in the background."""
+def _wait_indexed(args, sock) -> None:
+    """Until the keyword index holds every file (the daemon's own wait: nothing polls); then
+    say what follows. Vectors are not waited for: they follow in the background."""
     try:
         with P.Client(sock, timeout=3630) as c:
             while True:
@@ -146,11 +142,14 @@ def _wait_indexed(sock) -> dict:
                 st = c.call("status")
                 if st["idle"] and st["pending"] == 0 and not any(
                         s["scanning"] for s in st["sources"]):
-                    return _counted(c, st)
+                    st = _counted(c, st)
+                    break
                 time.sleep(0.05)  # (what is still to do was asked for while it waited)
     except (OSError, P.ProtocolError, P.DaemonError) as e:
         raise Fail(f"ragd started, but waiting for its keyword index failed: {e}; "
                    f"`ragctl status` says where it is") from None
+    if not args.json:
+        print(_next_step(st))
 
 
 def _next_step(st: dict, rate: float | None = None) -> str:
@@ -180,7 +179,7 @@ def _next_step(st: dict, rate: float | None = None) -> str:
             f"works now, on keywords until the vectors are in; `ragctl status` to follow")
 
 
-def _add_sources(args, folders: list[str], running: bool) -> int:
+def _add_sources(args, folders: list[str], running: bool, starting: bool = False) -> int:
     """Add folders as sources to the config file (the running daemon's, else the one ragd
     would read, created from the documented default when missing) and reload a running
     daemon. A folder that cannot be added fails the command with the reason."""
@@ -215,11 +214,9 @@ def _add_sources(args, folders: list[str], running: bool) -> int:
         print(f"ragd is indexing {', '.join(res['added'])} now")
         if _interactive(args):
             _progress(args, _socket(args))
-        elif getattr(args, "starting", False) and not args.no_wait:  # (start, as above)
-            st = _wait_indexed(_socket(args))
-            if not args.json:
-                print(_next_step(st))
-    elif added and not getattr(args, "starting", False):
+        elif starting and not args.no_wait:  # (start, as above)
+            _wait_indexed(args, _socket(args))
+    elif added and not starting:
         print("'ragctl start' indexes it")
     return 0
 

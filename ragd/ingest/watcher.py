@@ -52,8 +52,8 @@ log = logging.getLogger("ragd.watcher")
 # where watchdog (>= 7.1) reports IN_Q_OVERFLOW
 OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
 # While a source's folder is not there, it is looked for this often (a stat): a folder renamed
-# and renamed back, a disk unplugged and plugged in, is back within seconds, and its files
-# written meanwhile waited up to unwatched_scan_interval (30 s) to be indexed.
+# and renamed back, a disk unplugged and plugged in, is back within seconds, and the files
+# written in it meanwhile should not wait for the next look of unwatched_scan_interval.
 GONE_LOOK = 1.0
 # What is asked of inotify: not opens, reads or closes without a write (ragd's own reading of a
 # file would otherwise fill the kernel's queue with events about itself).
@@ -345,7 +345,7 @@ class Watcher:
                     next_unwatched = now
                 due = [next_scan, next_unwatched]  # (a stat of each source's folder)
                 if self._gone:  # a folder moved away comes back in a moment more often
-                    due.append(min(next_unwatched, last_look + GONE_LOOK))
+                    due.append(last_look + GONE_LOOK)
                 if self._check_at is not None:
                     due.append(self._check_at)
                 if min(due) > now:
@@ -358,12 +358,11 @@ class Watcher:
                 self.indexer.request_scan()
                 next_scan = now + self.scan_interval
                 check = True
-            if self._gone and now >= last_look + GONE_LOOK and now < next_unwatched:
-                last_look = now
-                self.check_roots()  # (a stat of each folder: only the gone ones can change)
-            if now >= next_unwatched:
+            look_all = now >= next_unwatched
+            if look_all or (self._gone and now >= last_look + GONE_LOOK):
                 last_look = now
                 self.check_roots()
+            if look_all:
                 if self.errors:
                     for name in sorted(self.errors):  # not (fully) watched
                         self.indexer.request_scan(name)

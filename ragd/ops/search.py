@@ -104,12 +104,13 @@ class SearchOps:
         if fresh is not None:
             reply["waited"] = {"fresh": fresh, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
         waiting = self._waiting()
-        if waiting:  # a scan under way: "nothing relevant" may only be "not indexed yet"
+        if waiting:  # then "nothing relevant" may only be "not indexed yet"
             reply["files_pending"] = waiting
         return reply
 
     def _waiting(self) -> int:
-        """Files changed on disk or being scanned that the index does not hold yet."""
+        """Files changed on disk (heard, or found by a scan) that the index does not hold
+        yet."""
         watcher = self.p.watcher
         return self.p.indexer.pending + (watcher.pending if watcher is not None else 0)
 

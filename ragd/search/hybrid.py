@@ -424,11 +424,10 @@ class Searcher:
         search, where nothing else stands in. After dense feedback the cosine is the moved
         query's (what the fusion used), unless the query is a lookup, words some chunk holds
         every one of: then it is the query's own. The moved query is close to what BM25 found,
-        and its neighbours are that note's, not the query's: a made-up word held by one note
-        came back with seven unrelated notes at 0.36-0.41, the word's own best 0.34. (For a
-        question, feedback's neighbours can be its answer: the held-out set lost one, from 7th
-        to past 10th, when every query was cut so.) A chunk only the moved query found is as
-        far from the query as the first search's last, at most."""
+        and its neighbours are that note's, not the query's (a made-up word held by one note
+        came back with unrelated notes after it). For a question, feedback's neighbours can be
+        its answer, so it keeps them. A chunk only the moved query found is as far from the
+        query as the first search's last, at most."""
         floor = r.meaning_bar or self.threshold()
         if floor <= 0:  # no threshold (0: off)
             return
@@ -437,7 +436,8 @@ class Searcher:
         weak = [c for c in alone if parts[c].get("vector", floor) < floor]
         if q.own is not None:
             last = min(q.own.values(), default=-1.0)
-            far = [c for c in alone if q.own.get(c, last) < floor and c not in weak]
+            far = [c for c in alone if parts[c].get("vector", floor) >= floor
+                   and q.own.get(c, last) < floor]
             if far and bm25.all_terms_match(q.db, q.text, q.filters):  # (asked only then)
                 weak += far
         for c in weak:
