@@ -557,6 +557,46 @@ def test_llama_settings_in_the_environment_do_not_reach_the_engine(tmp_path, mon
         engine.stop()
 
 
+def _cpu_ms(pid: int) -> float:
+    """CPU time of every thread of a process so far, in ms (schedstat: nanoseconds, where
+    /proc/PID/stat counts 10-ms ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # (a thread that ended meanwhile)
+    return total / 1e6
+
+
+def test_an_engine_does_not_spin_after_a_request(tmp_path, engine_kind):
+    """llama.cpp's OpenMP threads spin for more work after each request (libgomp's default:
+    ~10 ms of CPU on two threads here): on a 2-core machine that took the cores from the
+    search work that follows a query's embedding. ragd's engines sleep soon after
+    (supervisor.OMP_SPIN)."""
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine
+
+    model = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
+    engine = Engine("query", model, engine_kind.settings(threads=2), tmp_path / "run",
+                    tmp_path / "logs")
+    engine.start()
+    try:
+        assert engine.wait_ready(60), engine.tail_log()
+        pid = engine.status()["pid"]
+        after = []
+        for i in range(7):
+            engine.client.embed([f"what did I write about question {i} last week?"])
+            t0 = _cpu_ms(pid)
+            # time passing on purpose: the CPU the engine takes while nothing is asked of it
+            time.sleep(0.2)
+            after.append(_cpu_ms(pid) - t0)
+        assert sorted(after)[3] < 3.0, after
+    finally:
+        engine.stop()
+
+
 @pytest.mark.slow
 def test_a_first_start_without_a_log_warns_of_nothing(tmp_path, caplog):
     """The cap is checked before the log is first opened: a first start has none yet, and
