@@ -8,6 +8,7 @@ given the same tokens and parameters (all three columns: heading, keywords, body
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import sqlite3
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from rank_bm25 import BM25Okapi
 
-from conftest import copy_vault
+from conftest import SHARED, copy_vault
 from ragd import config
 from ragd.index import store
 from ragd.index.indexer import Indexer
@@ -351,3 +352,45 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         ti.stop()
         db.close()
 
+
+
+def _lines_read_line_by_line(text: str, query: str) -> list[int]:
+    """The lines shown for a match, as their definition reads (bm25.LineMatcher's docstring):
+    each line split into words, a word standing for a content word of the query when its stem
+    starts with the query word's stem or is a prefix of it of 4 letters or more (bm25._same),
+    or holding a symbol of the query. The matcher finds the same without splitting every line."""
+    from ragd.text import content_terms
+
+    stems = {bm25._stem(w) for w in content_terms(query) if not w.startswith('"')}
+    signs = set(symbols(query))
+
+    def stands(word: str) -> bool:
+        stem = bm25._stem(word)
+        return any(bm25._same(stem, s) for s in stems)
+
+    return [i + 1 for i, line in enumerate(text.split("\n"))
+            if any(stands(w) for w in bm25.TOKEN.findall(line))
+            or any(ch in line for ch in signs)]
+
+
+def test_the_lines_shown_are_those_that_hold_a_query_word(indexed):
+    """On every chunk of the Tasks docs, for the dev set's questions and queries of names,
+    short stems, symbols, capitals and words joined by '_': LineMatcher.lines is the reading
+    line by line. (It looks only where a word starts with one of the query's stems.)"""
+    questions = [json.loads(ln)["question"] for ln in open(
+        SHARED / "eval" / "obsidian-tasks" / "obsidian-tasks-questions.jsonl")]
+    queries = questions + QUERIES + ["CSS snippets", "due ⏫ tasks", "📅 scheduled",
+                                     "filter_by_function", "is:recurring", "URL api API",
+                                     "day days daily", "ÉTÉ été"]
+    texts = [t for (t,) in indexed.execute("SELECT body FROM chunks ORDER BY id")][::4]
+    assert len(texts) > 300
+    shown = 0
+    for query in queries:
+        if '"' in query:  # (phrases: read as before, word by word)
+            continue
+        matcher = bm25.LineMatcher(query)
+        for text in texts:
+            want = _lines_read_line_by_line(text, query)
+            assert matcher.lines(text, 1) == want, (query, text[:200])
+            shown += bool(want)
+    assert shown > 300  # (the queries do match: not a comparison of empty lists)

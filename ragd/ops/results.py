@@ -67,8 +67,7 @@ class Results:
         too (for ask)."""
         top = grouped[:k + 10]  # spares, in case some were deleted meanwhile
         passages.choose(db, top, query)
-        best = self.chunks(db, [(n.best.chunk_id, n.score, n.best.parts) for n in top],
-                           len(top))
+        best = self.chunks(db, [(n.best.chunk_id, n.score, n.best.parts) for n in top], k)
         passages.widen(db, best)
         by_chunk = {n.best.chunk_id: n for n in top}
         others = [c.chunk_id for n in top for c in n.chunks[1:]]

@@ -119,6 +119,9 @@ class LineMatcher:
         # a tuple), or a word of 4 letters or more that a stem starts with (its prefixes)
         self._starts = tuple(self.stems)
         self._prefixes = {s[:i] for s in self.stems for i in range(4, len(s) + 1)}
+        # A word that matches starts with the first 4 letters of a stem (it starts with the
+        # stem, or is a prefix of it of 4 letters or more): only those are looked at
+        self._heads = tuple({s[:4] for s in self.stems})
 
     def _matches(self, word: str) -> bool:
         hit = self._word.get(word)
@@ -132,19 +135,31 @@ class LineMatcher:
         """The (1-based, counted from line_start) lines of text that hold the match."""
         if not self.stems and not self.signs and not self.phrases:
             return []
-        lines = text.split("\n")
         out: set[int] = set()
         if self.phrases:
+            lines = text.split("\n")
             words = [(i, _stem(w)) for i, line in enumerate(lines) for w in TOKEN.findall(line)]
             for p in self.phrases:
                 for at in range(len(words) - len(p) + 1):
                     if all(_same(words[at + j][1], s) for j, s in enumerate(p)):
                         out.update(range(words[at][0], words[at + len(p) - 1][0] + 1))
-        match, signs = self._matches, self.signs
-        for i, line in enumerate(lines):
-            if self.stems and any(match(w) for w in TOKEN.findall(line)) or \
-                    any(ch in line for ch in signs):
-                out.add(i)
+        if self._heads:
+            # each place a head stands at the start of a word (lowercased, as stems are): the
+            # word there as TOKEN finds it, and its line if it matches
+            low = text.lower()
+            for head in self._heads:
+                at = low.find(head)
+                while at >= 0:
+                    if at == 0 or not low[at - 1].isalnum():
+                        word = TOKEN.match(low, at)
+                        if word is not None and self._matches(word.group()):
+                            out.add(low.count("\n", 0, at))
+                    at = low.find(head, at + 1)
+        for ch in self.signs:
+            at = text.find(ch)
+            while at >= 0:
+                out.add(text.count("\n", 0, at))
+                at = text.find(ch, at + len(ch))
         return [line_start + i for i in sorted(out)]
 
 
