@@ -115,6 +115,26 @@ def test_the_daemon_moves_to_a_graph_past_its_threshold_and_restarts_from_snapsh
                       k=1)["results"]
         assert hits[0]["path"] == str(note)
     assert log.read_text().count("searched through an HNSW graph") == 1  # not rebuilt
+    sources = [{"name": "v", "path": str(root), "kind": "obsidian"}]
+    # the threshold raised past the space's size: the setting holds at the next start (its
+    # saved graph was searched whatever the setting said), nothing embedded again
+    d = make_daemon(sources=sources, extra=engine_config(extra="ann_threshold = 100000\n"))
+    with d:
+        emb = wait_embedded(d)["engines"]["embedding"]
+        assert (emb["vector_index"], emb["vectors"], emb["embedded_texts"]) == ("exact", n + 1, 0)
+        hits = d.call("search", query="baking bread with a sourdough starter", mode="vector",
+                      k=1)["results"]
+        assert hits[0]["path"] == str(note)
+    assert "under ann_threshold (100000): searched exactly" in log.read_text()
+    # and lowered again: the graph is built at the start, with no change to wait for
+    d = make_daemon(sources=sources, extra=engine_config(extra="ann_threshold = 50\n"))
+    with d:
+        wait_embedded(d)
+        deadline = time.monotonic() + 60
+        while log.read_text().count("searched through an HNSW graph") < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert d.call("status")["engines"]["embedding"]["vector_index"] == "hnsw"
 
 
 def embedded_once(make_daemon, tmp_path):

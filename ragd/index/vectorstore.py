@@ -375,6 +375,7 @@ class VectorStore:
         # being in place would otherwise be missed by both.
         with self.sync:
             how, stale = self._load(db, space, given_up | later)
+            self._maybe_ann(space)  # (a threshold lowered since the snapshot: built now)
             with space.cv:
                 space.retry = sorted(retry)
             space.saved_at = space.changed_at = time.monotonic()
@@ -552,6 +553,14 @@ class VectorStore:
         if paths["graph"].exists():
             try:
                 ids, files = np.load(paths["ids"]), np.load(paths["files"])
+                if not self.ann_threshold or len(ids) < self.ann_threshold:
+                    # [embedding] ann_threshold raised (or 0: always exact) since the graph
+                    # was saved: the setting holds, the vectors are read from the cache
+                    if hashes:  # (said once: the start's first look asks without them)
+                        log.info("space %d: %d vectors, under ann_threshold (%d): searched "
+                                 "exactly, the saved graph not used", space.id, len(ids),
+                                 self.ann_threshold)
+                    return None
                 hs = np.load(paths["hashes"]) if hashes else None
                 graph = AnnIndex.load(paths["graph"], space.vectors.dims, space.id, ids, files)
             except (OSError, ValueError, RuntimeError) as e:
