@@ -147,7 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
       "A second, small engine that embeds only queries, so a search never waits behind bulk "
       "embedding."),
     S("embedding", "ann_threshold", "ann_threshold", int, 50000, RESTART,
-      "From this many vectors on, vector search goes through an HNSW graph; 0 = always exact.",
+      "From this many vectors on, vector search goes through an HNSW graph; 0 = always exact. "
+      "Checked at every start (a saved graph under it is not used).",
       low=0),
 
     S("models", "hub_url", "hub_url", str, "", LIVE,
