@@ -24,8 +24,8 @@ from ragd import config
 from ragd.index import store
 from ragd.index.indexer import Indexer
 from ragd.search import bm25
-from ragd.text import (HYBRID_COMMON_SHARE, WEIGHTS, fts_query, index_tokens, note_keywords,
-                       prune_common, query_parts, symbols)
+from ragd.text import (HYBRID_COMMON_SHARE, WEIGHTS, content_terms, fts_query, index_tokens,
+                       note_keywords, prune_common, query_parts, symbols)
 
 
 @pytest.fixture(scope="module")
@@ -353,14 +353,11 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         db.close()
 
 
-
 def _lines_read_line_by_line(text: str, query: str) -> list[int]:
     """The lines shown for a match, as their definition reads (bm25.LineMatcher's docstring):
     each line split into words, a word standing for a content word of the query when its stem
     starts with the query word's stem or is a prefix of it of 4 letters or more (bm25._same),
     or holding a symbol of the query. The matcher finds the same without splitting every line."""
-    from ragd.text import content_terms
-
     stems = {bm25._stem(w) for w in content_terms(query) if not w.startswith('"')}
     signs = set(symbols(query))
 

@@ -267,12 +267,16 @@ class VectorStore:
 
     # -- exact or approximate -------------------------------------------------------------------------
 
+    def _graph_for(self, n: int) -> bool:
+        """Are n vectors searched through an HNSW graph ([embedding] ann_threshold)?"""
+        return bool(self.ann_threshold) and n >= self.ann_threshold
+
     def _maybe_ann(self, space: Space) -> None:
         """A space grown past the threshold gets its graph, built in the background from the
         matrix (which answers meanwhile); changes made during the build are replayed on it."""
-        if (not self.ann_threshold or space.ann_ops is not None or space.vectors.remote
+        if (space.ann_ops is not None or space.vectors.remote
                 or isinstance(space.vectors, AnnIndex)
-                or len(space.vectors) < self.ann_threshold):
+                or not self._graph_for(len(space.vectors))):
             return
         space.ann_ops = []
         ids, files, mat = space.vectors.export()
@@ -553,7 +557,7 @@ class VectorStore:
         if paths["graph"].exists():
             try:
                 ids, files = np.load(paths["ids"]), np.load(paths["files"])
-                if not self.ann_threshold or len(ids) < self.ann_threshold:
+                if not self._graph_for(len(ids)):
                     # [embedding] ann_threshold raised (or 0: always exact) since the graph
                     # was saved: the setting holds, the vectors are read from the cache
                     if hashes:  # (said once: the start's first look asks without them)
