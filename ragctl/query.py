@@ -39,6 +39,10 @@ def do_search(args) -> int:
                    "clear one among the first)"
                    if str(res.get("fusion", "")).startswith("bm25 order")
                    else "the rest are being embedded")
+            found = res.get("candidate_coverage")
+            if found is not None and found >= 0.95 and "bm25 order" not in how:
+                how = (f"the notes these words found have theirs ({100 * found:.0f}%), the rest "
+                       f"are being embedded")
             notes.append(f"vectors cover {shown} of the index so far: {how}")
         if res.get("files_pending") and not res.get("waited"):
             n = res["files_pending"]

@@ -132,6 +132,41 @@ def test_the_note_only_meaning_finds_while_most_vectors_are_missing(trust_daemon
             os.kill(e["pid"], signal.SIGCONT)
 
 
+def test_a_source_being_embedded_leaves_the_others_fused(trust_daemon, tmp_path):
+    """A source added beside a vault whose every chunk has its vector: while the new one is
+    being embedded, a search whose words only the vault holds is fused as before, not sent
+    back to BM25's order (a fresh-user walk: adding a folder of PEPs put 'Global Query' above
+    'Global Filter' for "what does the global filter do" for as long as they took to embed).
+    The reply says what it was fair over: candidate_coverage."""
+    d = trust_daemon
+    other = tmp_path / "Recipes"
+    other.mkdir()
+    for i in range(30):
+        (other / f"Stew {i}.md").write_text(
+            f"# Stew {i}\n\nSimmer the lentils with cumin and smoked paprika for {20 + i} "
+            f"minutes, then season with lemon.\n")
+    query = "how can I see my tasks for the next week in a calendar"
+    with d:
+        wait_embedded(d)
+        before = d.call("search", query=query, k=5)
+        assert before["fusion"] == "convex" and before["vector_coverage"] == 1.0
+        with bulk_embedding_stopped(d):
+            r = ragctl("--config", d.config, "sources", "add", other)
+            assert r.returncode == 0, r.stderr
+            d.wait_idle()
+            bm = d.call("search", query=query, mode="bm25", k=100, group="chunk")
+            assert bm["results"] and not any("Recipes" in x["path"] for x in bm["results"])
+            res = d.call("search", query=query, k=5)
+            assert res["fusion"] == "convex" and "feedback" in res, res["fusion"]
+            assert res["vector_coverage"] < 0.9 and res["candidate_coverage"] == 1.0, res
+            assert [x["path"] for x in res["results"]] == [x["path"] for x in before["results"]]
+            cli = ragctl("--config", d.config, "search", query)
+            assert "the notes these words found have theirs (100%)" in cli.stderr, cli.stderr
+            # a search the new source answers is still ranked by keywords first
+            stew = d.call("search", query="lentils with cumin", k=5)
+            assert stew["candidate_coverage"] < 0.95 and stew["fusion"].startswith("bm25 ")
+
+
 def test_a_word_no_note_holds_is_nothing_relevant(trust_daemon):
     """No chunk holds the word: meaning alone must clear a bar above the threshold, and every
     result shown clears it (it printed ten unrelated notes at similarity 0.31, "low confidence"
@@ -252,3 +287,4 @@ def test_related_says_when_vectors_are_partial(trust_daemon):
         wait_embedded(d)
         res = d.call("related", path=str(d.vault / "Team" / "Decision records.md"))
         assert res["results"] and "vector_coverage" not in res, res
+

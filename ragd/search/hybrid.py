@@ -154,7 +154,7 @@ class Searcher:
             first = next((c for c in head if c not in common), head[0])
             q.first = (first, q.parts[first]["vector"], self._gap(q, first))
         weights = {"vector": vector_weight(query), "bm25": 1.0}
-        if r.mode == "hybrid" and r.coverage >= PARTIAL_FUSION_FROM:
+        if r.mode == "hybrid" and r.fusion_coverage >= PARTIAL_FUSION_FROM:
             self._feedback(q, r, weights)
         for name, ranked_ids in q.lists.items():  # each signal's rank, for --explain
             for rank, cid in enumerate(ranked_ids, 1):
@@ -227,8 +227,11 @@ class Searcher:
         if r.mode == "hybrid":
             space = self.vectors.active
             coverage = self._coverage(q.db, space.vectors) if space is not None else 1.0
-            self._bm25_ranking(q, r, HYBRID_COMMON_SHARE if coverage >= PARTIAL_FUSION_FROM
-                               else COMMON_SHARE)
+            partial = coverage < PARTIAL_FUSION_FROM
+            self._bm25_ranking(q, r, COMMON_SHARE if partial else HYBRID_COMMON_SHARE)
+            if partial and (self._embedded_share(q, space.vectors) or 0) >= PARTIAL_FUSION_FROM:
+                # the chunks these words found have their vectors: fused as when all are in
+                self._bm25_ranking(q, r, HYBRID_COMMON_SHARE)
             self._start_notes(q)
         if r.mode in ("hybrid", "vector"):
             why = self._vector_ranking(q, r, embedding)
@@ -248,7 +251,7 @@ class Searcher:
         their parts (None: BM25's own)."""
         lists, parts = q.lists, q.parts
         r.weights = weights
-        if r.coverage < PARTIAL_FUSION_FROM and "vector" in lists:
+        if r.fusion_coverage < PARTIAL_FUSION_FROM and "vector" in lists:
             # BM25's own scores and order, what only the vectors found after them; a match by
             # meaning clear enough to trust is lifted (_trusted)
             r.fusion = "bm25 order: vectors still coming"
@@ -264,7 +267,8 @@ class Searcher:
             key = None
         else:
             r.fusion = "rrf"
-            fused = partial_rrf(lists, self.cfg.rrf_k, weights, r.coverage, q.unembedded)
+            fused = partial_rrf(lists, self.cfg.rrf_k, weights, r.fusion_coverage,
+                                q.unembedded)
             key = "rrf"
         if "vector" in lists:
             self._cut_weak_tail(q, fused, r)
@@ -518,6 +522,13 @@ class Searcher:
         total = chunk_rows(db)
         return min(1.0, len(vectors) / total) if total else 1.0
 
+    @staticmethod
+    def _embedded_share(q: _Query, vectors) -> float | None:
+        """The share of BM25's candidates (of the index: not unsaved buffers') these vectors
+        cover; None when BM25 found none."""
+        found = store.indexed(q.lists.get("bm25", ()))
+        return sum(c in vectors for c in found) / len(found) if found else None
+
     def _bm25_ranking(self, q: _Query, r: Ranking, share: float = COMMON_SHARE) -> None:
         """Fill q.lists['bm25']: from the Milvus collection q.view when given, else from the
         tantivy searcher of q.text_view when it holds this snapshot, else FTS5 (dropping query
@@ -553,6 +564,8 @@ class Searcher:
         if q.bufs:
             hits = sorted(hits + self.buffers.bm25_hits(db, query, q.bufs, None, share),
                           key=lambda h: -h[1])[:n]
+        for cid in q.lists.get("bm25", ()):  # a ranking made again replaces the first one
+            q.parts[cid].pop("bm25", None)
         q.lists["bm25"] = [cid for cid, _ in hits]
         for cid, score in hits:
             q.parts.setdefault(cid, {})["bm25"] = round(score, 6)
@@ -578,6 +591,8 @@ class Searcher:
         r.vector_coverage = round(self._coverage(q.db, vi), 4)
         if r.vector_coverage < 1.0 and "bm25" in q.lists:
             q.unembedded = [c for c in store.indexed(q.lists["bm25"]) if c not in vi]
+            found = self._embedded_share(q, vi)
+            r.candidate_coverage = None if found is None else round(found, 4)
         r.best_similarity = round(float(cos[0]), 4) if len(cos) else -1.0
         self._set_vector_list(q, ids, cos)
         r.timings["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
@@ -632,7 +647,8 @@ class Searcher:
             return
         t = time.perf_counter()
         space, qv = q.query_vector.space, q.query_vector.vector
-        first = partial_rrf(q.lists, self.cfg.rrf_k, weights, r.coverage, q.unembedded)
+        first = partial_rrf(q.lists, self.cfg.rrf_k, weights, r.fusion_coverage,
+                            q.unembedded)
         top = sorted(first, key=lambda c: -first[c])[:m]
         # (an unsaved buffer's chunks give none: their vectors are not in the index)
         found, vecs = self.vectors.vectors_of(q.db, space, store.indexed(top))

@@ -31,7 +31,8 @@ class Trusted:
 # The Ranking fields a reply carries when they are set (None or False: absent), in the order
 # docs/protocol.md lists them; `reranked`, `degraded` and `timings` are always there.
 REPLY_FIELDS = ("requested_mode", "reason", "filtered_out", "store", "store_space",
-                "bm25_index", "vector_space", "vector_coverage", "best_similarity",
+                "bm25_index", "vector_space", "vector_coverage", "candidate_coverage",
+                "best_similarity",
                 "query_truncated", "fusion", "weights", "feedback", "cut_below_threshold",
                 "below_threshold", "weak_meaning", "meaning_bar", "rerank_reason")
 
@@ -53,6 +54,10 @@ class Ranking:
     bm25_index: str | None = None
     vector_space: int | None = None
     vector_coverage: float | None = None
+    # while vectors are coming: the share of BM25's candidates that have theirs (None: every
+    # chunk has one, or BM25 found none). What the fusion is fair over: a source added since,
+    # still being embedded, does not send the notes found, all embedded, back to BM25's order
+    candidate_coverage: float | None = None
     best_similarity: float | None = None
     query_truncated: dict | None = None
     fusion: str | None = None
@@ -71,7 +76,13 @@ class Ranking:
 
     @property
     def coverage(self) -> float:
+        """Of the index: how far a missing match by meaning may be only not embedded yet."""
         return 1.0 if self.vector_coverage is None else self.vector_coverage
+
+    @property
+    def fusion_coverage(self) -> float:
+        """Of the chunks being fused: whether the two rankings can be fused fairly."""
+        return self.coverage if self.candidate_coverage is None else self.candidate_coverage
 
     def reply_fields(self) -> dict:
         out: dict = {"reranked": self.reranked, "degraded": self.degraded,
