@@ -288,3 +288,25 @@ def test_related_says_when_vectors_are_partial(trust_daemon):
         res = d.call("related", path=str(d.vault / "Team" / "Decision records.md"))
         assert res["results"] and "vector_coverage" not in res, res
 
+
+def test_related_to_a_short_text_clears_search_s_threshold(trust_daemon):
+    """related --text with a question's few words: its neighbours must clear the similarity
+    threshold search uses, not the lower bar of a note's passages (a fresh-user walk: PEPs at
+    0.21 for "companion planting for tomatoes"). A note with no text says so, not "no vectors
+    yet"."""
+    d = trust_daemon
+    (d.vault / "Empty.md").write_text("")
+    with d:
+        wait_embedded(d)
+        thr = 0.30  # all-MiniLM-L6-v2's threshold (the registry's, found by its probe)
+        for text in ("companion planting for tomatoes", "sourdough starter feeding schedule"):
+            res = d.call("related", text=text, k=5)
+            assert all(r["scores"]["vector"] >= thr for r in res["results"]), (text, res)
+            if not res["results"]:
+                assert "below the threshold" in res["reason"], res
+        # a passage's neighbours keep the lower bar: the ADR note's own text finds its kin
+        assert len(ADR.split()) > 40
+        res = d.call("related", text=ADR, k=5)
+        assert res["results"], res
+        res = d.call("related", path=str(d.vault / "Empty.md"))
+        assert not res["results"] and res["reason"] == "the note has no text to compare", res

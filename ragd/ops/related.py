@@ -22,6 +22,9 @@ from ragd.search.hybrid import MEANING_MARGIN, Searcher
 
 RELATED_CHUNKS = 32  # chunks of the asked note that look for neighbours
 RELATED_WAIT = 10.0  # seconds related waits for an unsaved buffer's new texts to be embedded
+# A text of at most this many words is a query, not a passage: its neighbours must clear
+# search's own threshold (cmd_related)
+QUERY_WORDS = 40
 
 
 class RelatedOps:
@@ -51,7 +54,9 @@ class RelatedOps:
             spans, vecs, own, note_path, hashes = self._related_source(db, path, text)
             spans, vecs = related.distinct_sections(db, spans, vecs, hashes, own)
             if not len(vecs):
-                why = ("no vectors for this note yet" if path is not None else
+                why = ("the note has no text to compare" if path is not None and not spans
+                       and not self._has_chunks(db, path) else
+                       "no vectors for this note yet" if path is not None else
                        "the text has nothing to embed" if text is not None and not text.strip()
                        else "the text could not be embedded: the embedding engine is not ready")
                 if coverage < 1.0:
@@ -76,8 +81,12 @@ class RelatedOps:
             # the nearest of unrelated notes are still someone's nearest: a note is related
             # only over a bar MEANING_MARGIN under search's threshold (the threshold is a
             # question's against a passage's; two passages on one topic, each of its own
-            # words, sit lower: an ADR note and a decision log at 0.27)
-            thr = max(0.0, self.p.searcher.threshold() - MEANING_MARGIN)
+            # words, sit lower: an ADR note and a decision log at 0.27). A short text is a
+            # question: search's threshold ("companion planting for tomatoes" listed PEPs at
+            # 0.21 where search said nothing relevant)
+            thr = self.p.searcher.threshold()
+            if text is None or len(text.split()) > QUERY_WORDS:
+                thr = max(0.0, thr - MEANING_MARGIN)
             weak = top[0][1][1] if top and top[0][1][1] < thr else None
             top = [t for t in top if t[1][1] >= thr]
             rows = self.results.chunks(db, [(cid, s, {"vector": round(s, 6)}) for _, (cid, s, _) in
@@ -100,6 +109,13 @@ class RelatedOps:
             out["note"] = (f"vectors cover {100 * coverage:.0f}% of the index so far: notes not "
                            f"embedded yet are not compared")
         return out
+
+    def _has_chunks(self, db, path: str) -> bool:
+        """Does the indexed note at path have any chunk (a note of no text has none)?"""
+        p = os.path.abspath(os.path.expanduser(path))
+        src = next((s for s in self.p.cfg.sources if args.under(p, s.root)), None)
+        row = src and store.file_row(db, src.name, Path(p).relative_to(src.root).as_posix())
+        return row is None or bool(store.file_chunks(db, row["id"]))
 
     def _searched(self, space):
         """What answers nearest_to_any for the space: its own index, or (the vectors in
