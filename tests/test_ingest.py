@@ -102,6 +102,25 @@ def test_read_permission_denied(tmp_path):
     assert out.stdout.strip() == "permission denied True", out.stderr
 
 
+def test_a_file_in_a_folder_that_cannot_be_searched_is_skipped_with_its_reason(tmp_path):
+    """A note whose folder became chmod 000 after it was listed: 'permission denied' (a
+    fresh-user walk got a PermissionError's traceback in the log, "failed" in `files`)."""
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "in.md").write_text("x")
+    (tmp_path / "locked").chmod(0)
+    code = ("import sys; from pathlib import Path; from ragd import config\n"
+            "from ragd.ingest import sources\n"
+            "src = config.Source('v', Path(sys.argv[1]), 'folder', (), ())\n"
+            "try:\n    sources.check_inside(src, Path(sys.argv[1]) / 'locked' / 'in.md')\n"
+            "except sources.Unreadable as e:\n    print(e, e.retry)\n")
+    try:
+        out = subprocess.run([*no_dac(), sys.executable, "-c", code, str(tmp_path)],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+    assert out.stdout.strip() == "permission denied True", out.stderr
+
+
 def test_chunks_follow_headings_and_keep_fences_whole():
     text = ("# Title\n\nFirst para.\n\n## Section\n\n```python\n# not a heading\n\nx = 1\n```\n"
             "\nLast para\ncontinues.\n")

@@ -332,7 +332,13 @@ def check_inside(source: Source, path: Path) -> None:
     """A linked file is indexed when the link stays inside its source; one leading out of it
     (a note linked to ~/.ssh/config, or /etc/passwd) is skipped with this reason. `get` never
     serves a file outside the sources, whatever the path says: search showed what get refused."""
-    if path.is_symlink():
+    try:
+        link = path.is_symlink()
+    except PermissionError:  # its folder cannot be searched (chmod 000 since it was listed)
+        raise Unreadable("permission denied", retry=True) from None
+    except OSError as e:
+        raise Unreadable(f"cannot stat: {e.strerror}", retry=True) from None
+    if link:
         real = Path(os.path.realpath(path))
         root = Path(os.path.realpath(source.root))
         if not real.exists():  # a broken link or a loop, wherever it points: read_bytes says
