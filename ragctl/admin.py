@@ -147,8 +147,9 @@ def do_watch(args) -> int:
                 print(json.dumps(e, ensure_ascii=False), flush=True)
                 continue
             stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-            what = e.get("path") or e.get("message") or ""
-            extra = "".join(f" {k}={e[k]}"
+            # one line per event, as search -l and files print names (--json has them exact)
+            what = _one_line(str(e.get("path") or e.get("message") or ""))
+            extra = "".join(f" {k}={_one_line(str(e[k]))}"
                             for k in ("chunks", "from_path", "reason", "lost_before") if k in e)
             print(f"{stamp} {e['event']:<10} {what}{extra}", flush=True)
     return 0

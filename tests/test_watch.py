@@ -751,3 +751,34 @@ def test_a_watcher_gone_frees_its_connection_without_waiting_for_an_event(make_d
         for _ in range(3):  # more watchers than slots, one after the other
             soon(watch_then_go)
             soon(two_clients)  # both slots free again: the watcher's too
+
+
+def test_ragctl_watch_prints_one_line_per_event_whatever_the_name(make_daemon, tmp_path):
+    """A file name holding a newline or a right-to-left override is printed escaped by
+    `ragctl watch`, as `search -l` and `files` print it (a fresh-user walk saw an event split
+    over two lines, and the override printed as is)."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "a.md").write_text("# a\n\nA note about lemurs.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n')
+    with d:
+        d.wait_idle()
+        watch = subprocess.Popen([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                                  "watch"], stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1)  # (subscribed)
+            (root / "line\nbreak.md").write_text("# b\n\nNewts.\n")
+            (root / "evil\u202etxt.md").write_text("# c\n\nVoles.\n")
+            d.wait_idle()
+            time.sleep(0.5)
+        finally:
+            watch.terminate()
+        out = watch.communicate(timeout=10)[0]
+    indexed = [ln for ln in out.splitlines() if " indexed " in ln]
+    assert any(ln.endswith("line\\nbreak.md chunks=1") for ln in indexed), out
+    assert any("evil\\u202etxt.md" in ln for ln in indexed), out
+    assert "\u202e" not in out
