@@ -253,6 +253,9 @@ def test_a_reload_reaches_every_part_that_reads_the_config(make_daemon, tmp_path
         assert set(res["applied"]) == {"search.k", "search.note_weight", "index.max_file_bytes",
                                        "buffers.max_per_client"}
         assert res["restart_needed"] == ["engines.threads"]
+        # and status says so until then (a fresh-user walk found it said once, then forgotten)
+        assert any("engines.threads" in h and "next start" in h
+                   for h in d.call("status")["hints"])
         after = d.call("search", query="quokka")["results"]
         assert len(after) == 2  # the ops' default k
         # the note's whole-text score no longer counts: the ranking's own config is the new one

@@ -187,6 +187,7 @@ class AdminOps:
                                   f"in force (fix it, then 'ragctl reload')")
             raise e from None
         self.p.reload_failed = None
+        self.p.restart_needed = list(res.get("restart_needed") or [])
         return res
 
     def cmd_stop(self) -> dict:

@@ -33,6 +33,9 @@ class Parts:
     stopping: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.time)
     reload_failed: str | None = None  # why the last reload failed (until one works)
+    # the settings changed in the config since the start that only a restart applies (the
+    # last reload's)
+    restart_needed: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)  # found at start, shown in status' hints
 
     @property

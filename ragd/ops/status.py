@@ -82,6 +82,9 @@ class StatusOps:
                 hints.append(f"source {name!r} is no longer in the config: its {r['files']} "
                              f"files are set aside until {until} (gc.grace_hours); added back "
                              f"under that name before then, it returns as it was")
+        if self.p.restart_needed:
+            hints.insert(0, f"the config changes {', '.join(self.p.restart_needed)}, which take "
+                            f"effect at the next start ('ragctl stop && ragctl start')")
         if self.p.reload_failed:
             hints.insert(0, self.p.reload_failed)
         per_source = []
