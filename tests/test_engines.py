@@ -662,3 +662,49 @@ def test_an_engines_log_is_kept_under_its_cap(tmp_path, monkeypatch):
         assert 0 < len(text) < 4096 and not text.startswith(b"\0"), text[:80]
     finally:
         engine.stop()
+
+
+def test_a_bundled_engine_stops_at_once_in_the_middle_of_a_batch(tmp_path, caplog):
+    """SIGTERM during a long embedding request: the bundled engine exits at once, by itself.
+    It waited for the request to finish, past the stop's grace, so every stop during a bulk
+    embedding logged 'did not exit after SIGTERM, sending SIGKILL' (a fresh-user walk)."""
+    import threading
+
+    from ragd.engines.client import EngineError, EngineUnavailable
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine, EngineSettings
+
+    model = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
+    engine = Engine("embedding", model, EngineSettings(threads=1), tmp_path / "run",
+                    tmp_path / "logs")
+    engine.start()
+    stopped = False
+    try:
+        assert engine.wait_ready(60), engine.tail_log()
+        pid = engine.status()["pid"]
+        proc = engine._proc
+        texts = [f"note {i}: " + " ".join(f"word{j * i % 997}" for j in range(60))
+                 for i in range(400)]  # (seconds of work on one thread)
+
+        def batch():
+            try:
+                engine.client.embed(texts, timeout=120)
+            except (EngineError, EngineUnavailable, OSError):
+                pass  # (cut short by the stop)
+
+        t = threading.Thread(target=batch)
+        t.start()
+        t0, deadline = _cpu_ms(pid), time.monotonic() + 30
+        while _cpu_ms(pid) - t0 < 200:  # the engine is working on the batch
+            assert t.is_alive() and time.monotonic() < deadline, "the batch was not embedded"
+            time.sleep(0.02)
+        with caplog.at_level(logging.INFO, logger="ragd"):
+            engine.stop()
+            stopped = True
+        t.join(30)
+        assert proc.returncode == 0, proc.returncode  # its own exit, not a SIGKILL's -9
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    finally:
+        if not stopped:
+            engine.stop()
+
