@@ -708,3 +708,22 @@ def test_a_bundled_engine_stops_at_once_in_the_middle_of_a_batch(tmp_path, caplo
         if not stopped:
             engine.stop()
 
+
+def test_the_time_left_goes_by_the_pace_of_the_last_requests():
+    """A first index's first batches share the cores with the indexer: at their pace `ragctl
+    start` said "~63 min" where status said "~20 min left" seconds later. The estimate goes by
+    the last RECENT_REQUESTS requests."""
+    from ragd.index.embedder import RECENT_REQUESTS, EmbedStats
+
+    s = EmbedStats()
+    s.took(10.0, 10)
+    s.texts = 10
+    assert s.seconds_per_text() is None  # (too few texts to say)
+    s.texts = 1000
+    for _ in range(4):
+        s.took(10.0, 10)  # 1 s a text while the indexer ran beside
+    assert s.seconds_per_text() == pytest.approx(1.0)
+    for _ in range(RECENT_REQUESTS):
+        s.took(1.0, 10)
+    assert s.seconds_per_text() == pytest.approx(0.1)
+    assert s.seconds == pytest.approx(50.0 + RECENT_REQUESTS) and s.requests == 5 + RECENT_REQUESTS

@@ -28,7 +28,8 @@ import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.engines.models import ResolvedModel
@@ -49,6 +50,7 @@ LIVE_TEXTS = 32  # at most this many new texts are embedded before an edit's com
 LIVE_TIMEOUT = 10.0
 SPECIAL_TOKENS = 4  # room left for [CLS]/[SEP] or BOS/EOS when truncating
 PAUSE_START, PAUSE_MAX = 1.0, 60.0  # backoff when the database cannot be written
+RECENT_REQUESTS = 16  # of the embedder's, whose pace estimates the time left (EmbedStats)
 
 
 @dataclass
@@ -59,6 +61,24 @@ class EmbedStats:
     failed: int = 0
     requests: int = 0
     seconds: float = 0.0  # time spent waiting for the engine on embedding requests
+    # (engine seconds, texts) of the last requests: the pace an estimate of the time left
+    # goes by. The first ones of a first index share the cores with the indexer (reading,
+    # chunking, the keyword index): their pace put "~63 min" where 20 was left
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
+
+    def took(self, seconds: float, texts: int) -> None:
+        """A request of the embedder thread's: `texts` embedded in `seconds` of the engine's."""
+        self.seconds += seconds
+        self.requests += 1
+        self.recent.append((seconds, texts))
+
+    def seconds_per_text(self) -> float | None:
+        """At the pace of the last requests (of every one so far when the thread has sent
+        none: an edit's texts, embedded before their commit); None before 32 texts."""
+        if self.texts < 32:
+            return None
+        n = sum(t for _, t in self.recent)
+        return sum(s for s, _ in self.recent) / n if n else self.seconds / self.texts
 
 
 class Embedder:
@@ -315,8 +335,7 @@ class Embedder:
                 self._embed_batch(db, [item])
             done.update(b[0] for b in batch)
             return
-        self.stats.seconds += seconds
-        self.stats.requests += 1
+        self.stats.took(seconds, len(batch))
         self._store(db, batch, vecs)
         done.update(b[0] for b in batch)
 
@@ -339,8 +358,7 @@ class Embedder:
                 return
             self._record_failure(db, batch[0][0], str(e))
             return
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.requests += 1
+        self.stats.took(time.perf_counter() - t0, len(batch))
         self._store(db, batch, vecs)
 
     def _record_failure(self, db: sqlite3.Connection, h: str, reason: str) -> None:
