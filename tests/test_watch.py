@@ -496,6 +496,26 @@ def test_a_folder_moved_away_and_back_is_taken_up_within_seconds(make_daemon, tm
         assert find(d, "okapis", timeout=5)  # watched again
 
 
+def test_a_folder_moved_away_is_flagged_within_seconds_without_an_event(make_daemon, tmp_path):
+    """`mv ~/Docs ~/Docs.away` and nothing written after: status said 'watched' and search
+    showed paths under ~/Docs for up to 30 s (the next look, unwatched_scan_interval; a
+    fresh-user walk saw 20 s). Each source's folder is looked up every second."""
+    root = tmp_path / "Docs"
+    root.mkdir()
+    (root / "a.md").write_text("# a\n\nNote a about lemurs.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n')  # the default intervals
+    with d:
+        d.wait_idle()
+        os.rename(root, tmp_path / "Docs.away")
+        deadline = time.monotonic() + 5
+        while d.call("status")["sources"][0]["watched"]:
+            assert time.monotonic() < deadline, "the folder moved away was not seen gone"
+            time.sleep(0.05)
+        r = ragctl("--config", d.config, "search", "lemurs")
+        assert "(gone from disk since indexed)" in r.stdout, r.stdout
+
+
 def test_a_source_whose_folder_is_not_there_yet_is_watched_once_it_is(make_daemon, tmp_path):
     """A vault on a disk not mounted at login: the daemon starts anyway, serves the other
     sources, reports this one, and takes it up once the folder exists."""

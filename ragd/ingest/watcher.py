@@ -22,9 +22,8 @@ Three ways inotify loses events, and what is done about each:
 
 And one way the watch itself goes astray: a source's folder moved away (renamed, its disk
 unmounted) takes its inotify watch along, with events under the old path, and watchdog says
-nothing. Every ``watch.unwatched_scan_interval`` seconds each source's folder is looked up (one
-stat): gone, the source is unwatched and reported, its files kept; back, it is watched afresh and
-scanned.
+nothing. Every second each source's folder is looked up (one stat): gone, the source is
+unwatched and reported, its files kept; back, it is watched afresh and scanned.
 """
 
 from __future__ import annotations
@@ -51,10 +50,12 @@ log = logging.getLogger("ragd.watcher")
 
 # where watchdog (>= 7.1) reports IN_Q_OVERFLOW
 OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
-# While a source's folder is not there, it is looked for this often (a stat): a folder renamed
-# and renamed back, a disk unplugged and plugged in, is back within seconds, and the files
-# written in it meanwhile should not wait for the next look of unwatched_scan_interval.
-GONE_LOOK = 1.0
+# Each source's folder is looked up this often (a stat): a folder moved away with nothing
+# written in it after is seen gone within a second (it was flagged only at the next look of
+# unwatched_scan_interval, and search showed its paths meanwhile); one renamed and renamed
+# back, a disk unplugged and plugged in, is back within seconds, and the files written in it
+# meanwhile are indexed then.
+ROOT_LOOK = 1.0
 # What is asked of inotify: not opens, reads or closes without a write (ragd's own reading of a
 # file would otherwise fill the kernel's queue with events about itself).
 WANTED_EVENTS = [FileCreatedEvent, FileModifiedEvent, FileAttribEvent, FileClosedEvent,
@@ -343,9 +344,7 @@ class Watcher:
                 if self._roots_now:  # (_roots_gone)
                     self._roots_now = False
                     next_unwatched = now
-                due = [next_scan, next_unwatched]  # (a stat of each source's folder)
-                if self._gone:  # a folder moved away comes back in a moment more often
-                    due.append(last_look + GONE_LOOK)
+                due = [next_scan, next_unwatched, last_look + ROOT_LOOK]
                 if self._check_at is not None:
                     due.append(self._check_at)
                 if min(due) > now:
@@ -359,7 +358,7 @@ class Watcher:
                 next_scan = now + self.scan_interval
                 check = True
             look_all = now >= next_unwatched
-            if look_all or (self._gone and now >= last_look + GONE_LOOK):
+            if look_all or now >= last_look + ROOT_LOOK:
                 last_look = now
                 self.check_roots()
             if look_all:
