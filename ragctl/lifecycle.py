@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ragd import protocol as P
 from ragctl.client import Fail, _interactive, _ping, _socket, call, emit
-from ragctl.render import _ago, _one_line
+from ragctl.render import _ago, _count, _one_line
 
 
 START_TIMEOUT = 60.0
@@ -175,8 +175,8 @@ def _next_step(st: dict, rate: float | None = None) -> str:
     doing = st.get("doing") or ""
     if e.get("state") != "ready":
         eta += f"; {doing or 'the embedding engine is starting'}"
-    return (f"keyword index ready; embedding {todo:,} chunks in the background ({eta}); search "
-            f"works now, on keywords until the vectors are in; `ragctl status` to follow")
+    return (f"keyword index ready; embedding {_count(todo, 'chunk')} in the background ({eta}); "
+            f"search works now, on keywords until the vectors are in; `ragctl status` to follow")
 
 
 def _add_sources(args, folders: list[str], running: bool, starting: bool = False) -> int:
@@ -343,7 +343,7 @@ def do_status(args) -> int:
             todo = st.get("engines", {}).get("embedding", {}).get("pending_texts")
             if state == "idle" and todo:  # the files are indexed; their vectors are coming
                 state = f"embedding ({todo} texts to go)"
-        pending = f", {st['pending']} files pending" if st["pending"] else ""
+        pending = f", {_count(st['pending'], 'file')} pending" if st["pending"] else ""
         print(f"ragd {st['version']}  pid {st['pid']}  up {_ago(st['uptime_s'])}  "
               f"{state}{pending}")
         print(f"config {st.get('config') or 'built-in defaults'}")

@@ -11,8 +11,8 @@ from pathlib import Path
 from ragd import protocol as P
 from ragctl.client import Fail, call, connect, emit
 from ragctl.paths import split_range
-from ragctl.render import (_Progress, _bold, _excerpt, _explain, _jump, _mark, _one_line,
-                           _pattern, _terms)
+from ragctl.render import (_Progress, _bold, _excerpt, _explain, _jump, _lines, _mark,
+                           _one_line, _pattern, _terms)
 
 
 def do_search(args) -> int:
@@ -158,7 +158,7 @@ def do_related(args) -> int:
             title = _one_line(r.get("title") or Path(r["path"]).stem)
             head = _one_line(r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else "")
             frm = r.get("link", {}).get("from") or {}
-            near = (f"  (close to lines {frm['line_start']}-{frm['line_end']} of {what})"
+            near = (f"  (close to {_lines(frm['line_start'], frm['line_end'])} of {what})"
                     if frm else "")
             print(f"{i:>2}. {title}{' — ' + head if head else ''}  [{r['score']:.3f}]{near}")
             print(f"    {_jump(r)}")

@@ -118,6 +118,16 @@ def _jump(r: dict) -> str:
     return f"{_one_line(r['path'])}:{at[0] if at else r['line_start']}"
 
 
+def _count(n: int, word: str) -> str:
+    """'1 file', '3 files', '24,780 chunks'."""
+    return f"{n:,} {word}{'s' if n != 1 else ''}"
+
+
+def _lines(start: int, end: int) -> str:
+    """'line 5' or 'lines 5-9'."""
+    return f"line {start}" if start == end else f"lines {start}-{end}"
+
+
 def _one_line(text: str) -> str:
     """A name or reason on one terminal line: control characters (a newline in a file name)
     and invisible format ones shown escaped. Spaces of every kind stay as they are (a no-break

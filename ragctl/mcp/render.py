@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from ragctl.render import _lines
+
 
 def search_text(out: dict) -> str:
     lines = []
@@ -115,5 +117,5 @@ def related_text(out: dict) -> str:
         frm = h["link"]["from"]
         lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']} — "
                       f"{h.get('title') or h['heading']}  (similarity {h['score']:.3f}; close to "
-                      f"lines {frm['line_start']}-{frm['line_end']} of {what})", h["text"]]
+                      f"{_lines(frm['line_start'], frm['line_end'])} of {what})", h["text"]]
     return "\n".join(lines)

@@ -263,7 +263,8 @@ class MilvusStore(outbox.OutboxSync):
         with store.transaction(db, self._stop):
             db.execute("DELETE FROM meta WHERE key = 'store_previous'")
         self._filling = None
-        log.info("milvus: collection %s has every chunk (%d pushed)", name, self.pushed)
+        log.info("milvus: collection %s has every chunk (%d changes pushed since ragd started)",
+                 name, self.pushed)
 
     def _push(self, db, name: str, space: int, dims: int, batch) -> None:
         ids = [cid for _, cid in batch]

@@ -232,7 +232,8 @@ class TextIndex(outbox.OutboxSync):
             with store.transaction(db, self._stop):
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('text_index', ?)",
                            (self.ident,))
-            log.info("text index: %s has every chunk (%d pushed)", self.dir, self.pushed)
+            log.info("text index: %s has every chunk (%d changes pushed since ragd started)",
+                     self.dir, self.pushed)
         deleted = int(db.execute("SELECT COALESCE((SELECT value FROM meta WHERE key = "
                                  "'text_deleted'), 0)").fetchone()[0])
         live = self.index.searcher().num_docs
