@@ -48,6 +48,10 @@ MAX_ATTEMPTS = 3
 # readable), as embed_hash always said; v1 embedded the raw text.
 EMBED_TEXT_VERSION = 2
 SNAPSHOT_EVERY = 600.0  # seconds between snapshots of a matrix that changed
+# An int8 graph's first candidates ranked again by their float32 vectors, read from the cache
+# (rescore): the top 10 of the first 32 so ranked is that of the first 100 (recall@10 0.991
+# both, 100k chunks), and each vector read costs (2.5 ms a search for 100, 0.5 for 30)
+RESCORED = 32
 
 
 def fingerprint(db: sqlite3.Connection, model: ResolvedModel) -> str:
@@ -167,17 +171,20 @@ class VectorStore:
     @staticmethod
     def rescore(db: sqlite3.Connection, space: Space, qv: np.ndarray, ids: np.ndarray,
                 cos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, cosines) of a search of an approximate index (an int8 graph: `approximate`)
-        ranked again by the chunks' stored float32 vectors, best first; a chunk whose vector
-        is not stored keeps its approximate cosine."""
+        """(ids, cosines) of a search of an approximate index (an int8 graph: `approximate`),
+        its first RESCORED ranked again by the chunks' stored float32 vectors, best first; the
+        others, and a chunk whose vector is not stored, keep their approximate cosines."""
         if not space.vectors.approximate or not len(ids):
             return ids, cos
-        stored = store.chunk_vectors(db, space.id, ids.tolist())
+        head = ids[:RESCORED].tolist()
+        stored = store.chunk_vectors(db, space.id, head)
         q = np.asarray(qv, dtype=np.float32)
-        exact = np.array([float(from_blob(stored[c]) @ q) if c in stored else float(x)
-                          for c, x in zip(ids.tolist(), cos.tolist())], dtype=np.float32)
-        order = np.argsort(-exact, kind="stable")
-        return ids[order], exact[order]
+        best = np.array(cos, dtype=np.float32)
+        for i, c in enumerate(head):
+            if c in stored:
+                best[i] = float(from_blob(stored[c]) @ q)
+        order = np.argsort(-best, kind="stable")
+        return ids[order], best[order]
 
     @staticmethod
     def vectors_of(db: sqlite3.Connection, space: Space, ids) -> tuple[list[int], np.ndarray]:
