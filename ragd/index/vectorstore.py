@@ -49,9 +49,9 @@ MAX_ATTEMPTS = 3
 EMBED_TEXT_VERSION = 2
 SNAPSHOT_EVERY = 600.0  # seconds between snapshots of a matrix that changed
 # An int8 graph's first candidates ranked again by their float32 vectors, read from the cache
-# (rescore): the top 10 of the first 32 so ranked is that of the first 100 (recall@10 0.991
-# both, 100k chunks), and each vector read costs (2.5 ms a search for 100, 0.5 for 30)
-RESCORED = 32
+# (rescore): each vector read costs (2.5 ms a search for 100 at 100k chunks), and the top 10
+# of the first 50 so ranked is that of all 100 (32 lost 2 of 1,500: docs/scaling.md)
+RESCORED = 50
 
 
 def fingerprint(db: sqlite3.Connection, model: ResolvedModel) -> str:
