@@ -401,6 +401,11 @@ def test_what_cannot_be_listed_or_read_is_kept(make_daemon, tmp_path):
             assert files["top.md"]["reason"].startswith("kept from an earlier read")
             assert files["fresh.md"]["status"] == "skipped"
             assert files["fresh.md"]["reason"] == "permission denied"
+            d.call("reindex")  # tried again, still unreadable: said once in the log
+            d.wait_idle()
+            log = d.log.read_text()
+            assert log.count("skipped n/fresh.md: permission denied") == 1, log
+            assert log.count("n/top.md could not be read") == 1, log
             # the root itself
             os.chmod(root, 0)
             d.call("reindex")

@@ -258,8 +258,9 @@ def file_rows(db: sqlite3.Connection, source: str) -> dict[str, FileRow]:
 
 
 def file_row(db: sqlite3.Connection, source: str, relpath: str):
-    """(id, hash, status) of one file, or None."""
-    return db.execute("SELECT id, hash, status FROM files WHERE source = ? AND relpath = ?",
+    """(id, hash, status, reason) of one file, or None."""
+    return db.execute("SELECT id, hash, status, reason FROM files WHERE source = ? AND "
+                      "relpath = ?",
                       (source, db_rel(relpath))).fetchone()
 
 

@@ -155,10 +155,11 @@ class Writes:
         if p.kind == "skipped" and p.retry and row is not None and row["status"] == "indexed":
             # It could not be read just now (permission, I/O, a helper program): what was
             # indexed stays searchable; the next change or scan tries again.
-            store.set_reason(db, row["id"],
-                             f"kept from an earlier read; reading it now failed: {p.reason}")
-            log.info("%s/%s could not be read (%s); keeping what was indexed", src.name,
-                     sources.printable(rel), p.reason)
+            why = f"kept from an earlier read; reading it now failed: {p.reason}"
+            if row["reason"] != why:  # (said once, not at each retry)
+                store.set_reason(db, row["id"], why)
+                log.info("%s/%s could not be read (%s); keeping what was indexed", src.name,
+                         sources.printable(rel), p.reason)
             self._emit("skipped", src.name, rel, reason=p.reason, kept=True)
             return
         if p.kind in ("skipped", "failed"):
@@ -167,7 +168,9 @@ class Writes:
                            changes)
             if p.kind == "skipped":
                 self.stats.files_skipped += 1
-                log.info("skipped %s/%s: %s", src.name, sources.printable(rel), p.reason)
+                if row is None or (row["status"], row["reason"]) != ("skipped", p.reason):
+                    # (a file tried again, a permission still missing: said once)
+                    log.info("skipped %s/%s: %s", src.name, sources.printable(rel), p.reason)
             else:
                 self.stats.files_failed += 1
                 self.source_state(src.name).last_error = f"{sources.printable(rel)}: {p.reason}"
