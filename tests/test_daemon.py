@@ -468,3 +468,17 @@ def test_the_wait_op_waits_for_a_fresh_text_index_to_fill(make_daemon, tmp_path)
         d.wait_idle()
         res = d.call("search", query="custom statuses", k=5, mode="bm25")
         assert res["bm25_index"] == "tantivy", res["bm25_index"]
+
+
+def test_status_says_embedding_while_a_batch_is_in_flight():
+    """Its texts deleted meanwhile (a 5 MB note removed while embedded), nothing waits, but
+    the engine is still on the last batch: the header said "idle" while the engine's line said
+    "(embedding)" (a fresh-user walk)."""
+    from ragd.ops.status import doing
+
+    engines = {"embedding": {"state": "ready", "embedder": "embedding", "pending_texts": 0}}
+    assert doing("idle", 0, engines, None) == "embedding"
+    engines["embedding"]["embedder"] = "idle"
+    assert doing("idle", 0, engines, None) == "idle"
+    engines["embedding"]["pending_texts"] = 12
+    assert doing("idle", 0, engines, None) == "embedding (12 texts to go)"

@@ -47,6 +47,8 @@ def doing(indexer: str, pending: int, engines: dict, text: dict | None) -> str:
             "starting the embedding engine"
     if e.get("pending_texts"):
         return f"embedding ({e['pending_texts']:,} texts to go)"
+    if embedder == "embedding":  # the last batch in flight (its texts may be gone since)
+        return "embedding"
     if text and text.get("state") == "filling":
         return "filling the keyword index (FTS5 answers meanwhile)"
     return "idle"
