@@ -134,17 +134,19 @@ def test_the_note_only_meaning_finds_while_most_vectors_are_missing(trust_daemon
 
 def test_a_source_being_embedded_leaves_the_others_fused(trust_daemon, tmp_path):
     """A source added beside a vault whose every chunk has its vector: while the new one is
-    being embedded, a search whose words only the vault holds is fused as before, not sent
-    back to BM25's order (a fresh-user walk: adding a folder of PEPs put 'Global Query' above
-    'Global Filter' for "what does the global filter do" for as long as they took to embed).
-    The reply says what it was fair over: candidate_coverage."""
+    being embedded, a search whose first candidates are the vault's is fused as before, not
+    sent back to BM25's order (a fresh-user walk: adding a folder of PEPs put 'Global Query' above
+    'Global Filter' for "what does the global filter do" for as long as they took to embed;
+    the PEPs hold "global" and "filter" too, further down). The reply says what it was fair
+    over: candidate_coverage, of BM25's first 20 candidates."""
     d = trust_daemon
     other = tmp_path / "Recipes"
     other.mkdir()
     for i in range(30):
         (other / f"Stew {i}.md").write_text(
             f"# Stew {i}\n\nSimmer the lentils with cumin and smoked paprika for {20 + i} "
-            f"minutes, then season with lemon.\n")
+            f"minutes, then season with lemon. Stir now and then, add water when it thickens, "
+            f"and taste before serving; it keeps in the fridge for most of the week.\n")
     query = "how can I see my tasks for the next week in a calendar"
     with d:
         wait_embedded(d)
@@ -154,12 +156,16 @@ def test_a_source_being_embedded_leaves_the_others_fused(trust_daemon, tmp_path)
             r = ragctl("--config", d.config, "sources", "add", other)
             assert r.returncode == 0, r.stderr
             d.wait_idle()
+            # the new source holds a word of the query, further down BM25's list
             bm = d.call("search", query=query, mode="bm25", k=100, group="chunk")
-            assert bm["results"] and not any("Recipes" in x["path"] for x in bm["results"])
+            ranks = [i for i, x in enumerate(bm["results"], 1) if "Recipes" in x["path"]]
+            assert ranks and min(ranks) > 20, ranks
             res = d.call("search", query=query, k=5)
             assert res["fusion"] == "convex" and "feedback" in res, res["fusion"]
             assert res["vector_coverage"] < 0.9 and res["candidate_coverage"] == 1.0, res
-            assert [x["path"] for x in res["results"]] == [x["path"] for x in before["results"]]
+            # (the stews in BM25's list move its scale a little: the first places are kept)
+            assert [x["path"] for x in res["results"][:3]] == \
+                [x["path"] for x in before["results"][:3]]
             cli = ragctl("--config", d.config, "search", query)
             assert "the notes these words found have theirs (100%)" in cli.stderr, cli.stderr
             # a search the new source answers is still ranked by keywords first

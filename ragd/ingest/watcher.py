@@ -159,7 +159,7 @@ class Watcher:
         self._roots.pop(s.name, None)
         why = (f"its folder {s.root} is not there (moved, deleted, not mounted, or mistyped): "
                f"its indexed files are kept, and it is watched once the folder exists "
-               f"(looked for every {self.unwatched_scan_interval:g} s)")
+               f"(looked for every {ROOT_LOOK:g} s)")
         if self.errors.get(s.name) != why:
             self.errors[s.name] = why
             log.warning("source %s: %s", s.name, why)

@@ -57,6 +57,12 @@ MEANING_MARGIN = 0.1
 WEAK_MEANING = 0.05
 MEANING_GAP = 0.07
 GAP_CHUNKS = 30  # of the vector list looked through for the best chunk of another note
+# How many of BM25's first candidates must have their vectors for the fusion to be fair
+# (Ranking.candidate_coverage): those that make the results. A source being embedded that
+# holds the query's words further down (PEPs saying "global" and "filter") does not send the
+# notes that answer, all embedded, back to BM25's order; a first embedding covers a query's
+# first candidates as thinly as the rest.
+CANDIDATES_COVERED = 20
 # The rank a match by meaning that clear is lifted to when below it, at any coverage: third,
 # not second, because each lift of a note that is not the answer pushes the answers below it
 # down one (docs/quality.md, "Search while vectors are coming").
@@ -524,9 +530,9 @@ class Searcher:
 
     @staticmethod
     def _embedded_share(q: _Query, vectors) -> float | None:
-        """The share of BM25's candidates (of the index: not unsaved buffers') these vectors
-        cover; None when BM25 found none."""
-        found = store.indexed(q.lists.get("bm25", ()))
+        """The share of BM25's first CANDIDATES_COVERED candidates (of the index: not unsaved
+        buffers') these vectors cover; None when BM25 found none."""
+        found = store.indexed(q.lists.get("bm25", ()))[:CANDIDATES_COVERED]
         return sum(c in vectors for c in found) / len(found) if found else None
 
     def _bm25_ranking(self, q: _Query, r: Ranking, share: float = COMMON_SHARE) -> None:

@@ -54,9 +54,10 @@ class Ranking:
     bm25_index: str | None = None
     vector_space: int | None = None
     vector_coverage: float | None = None
-    # while vectors are coming: the share of BM25's candidates that have theirs (None: every
-    # chunk has one, or BM25 found none). What the fusion is fair over: a source added since,
-    # still being embedded, does not send the notes found, all embedded, back to BM25's order
+    # while vectors are coming: the share of BM25's first candidates that have theirs (None:
+    # every chunk has one, or BM25 found none; hybrid.CANDIDATES_COVERED). What the fusion is
+    # fair over: a source added since, still being embedded, does not send the notes found,
+    # all embedded, back to BM25's order
     candidate_coverage: float | None = None
     best_similarity: float | None = None
     query_truncated: dict | None = None
