@@ -22,8 +22,8 @@ from ragd.search.hybrid import MEANING_MARGIN, Searcher
 
 RELATED_CHUNKS = 32  # chunks of the asked note that look for neighbours
 RELATED_WAIT = 10.0  # seconds related waits for an unsaved buffer's new texts to be embedded
-# A text of at most this many words is a query, not a passage: its neighbours must clear
-# search's own threshold (cmd_related)
+# A text of one line and at most this many words is a query, not a passage: its neighbours
+# must clear search's own threshold (cmd_related)
 QUERY_WORDS = 40
 
 
@@ -85,7 +85,7 @@ class RelatedOps:
             # question: search's threshold ("companion planting for tomatoes" listed PEPs at
             # 0.21 where search said nothing relevant)
             thr = self.p.searcher.threshold()
-            if text is None or len(text.split()) > QUERY_WORDS:
+            if text is None or "\n" in text.strip() or len(text.split()) > QUERY_WORDS:
                 thr = max(0.0, thr - MEANING_MARGIN)
             weak = top[0][1][1] if top and top[0][1][1] < thr else None
             top = [t for t in top if t[1][1] >= thr]
