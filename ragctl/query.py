@@ -11,8 +11,8 @@ from pathlib import Path
 from ragd import protocol as P
 from ragctl.client import Fail, call, connect, emit
 from ragctl.paths import split_range
-from ragctl.render import (_Progress, _bold, _excerpt, _explain, _jump, _lines, _mark,
-                           _one_line, _pattern, _terms)
+from ragctl.render import (_Progress, _bold, _count, _excerpt, _explain, _jump, _lines,
+                           _mark, _one_line, _pattern, _terms)
 
 
 def do_search(args) -> int:
@@ -35,19 +35,19 @@ def do_search(args) -> int:
         elif res.get("vector_coverage") is not None and res["vector_coverage"] < 1:
             pct = 100 * res["vector_coverage"]
             shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
-            how = ("ranked by keywords until 95% are in (meaning matches after them, a "
-                   "clear one among the first)"
-                   if str(res.get("fusion", "")).startswith("bm25 order")
-                   else "the rest are being embedded")
             found = res.get("candidate_coverage")
-            if found is not None and found >= 0.95 and "bm25 order" not in how:
+            if str(res.get("fusion", "")).startswith("bm25 order"):
+                how = ("ranked by keywords until 95% are in (meaning matches after them, a "
+                       "clear one among the first)")
+            elif found is not None and found >= 0.95:
                 how = (f"the notes these words found have theirs ({100 * found:.0f}%), the rest "
                        f"are being embedded")
+            else:
+                how = "the rest are being embedded"
             notes.append(f"vectors cover {shown} of the index so far: {how}")
         if res.get("files_pending") and not res.get("waited"):
-            n = res["files_pending"]
-            notes.append(f"{n:,} file{'s' if n != 1 else ''} still being indexed: not in these "
-                         f"results yet (--wait SECONDS waits for them)")
+            notes.append(f"{_count(res['files_pending'], 'file')} still being indexed: not in "
+                         f"these results yet (--wait SECONDS waits for them)")
         if res.get("waited") and not res["waited"]["fresh"]:
             notes.append(f"waited {res['waited']['ms'] / 1000:.1f} s: changes are still being "
                          f"indexed, and may not be in these results yet")

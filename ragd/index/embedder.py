@@ -63,7 +63,7 @@ class EmbedStats:
     seconds: float = 0.0  # time spent waiting for the engine on embedding requests
     # (engine seconds, texts) of the last requests: the pace an estimate of the time left
     # goes by. The first ones of a first index share the cores with the indexer (reading,
-    # chunking, the keyword index): their pace put "~63 min" where 20 was left
+    # chunking, the keyword index), so the pace since start overstates what is left
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
 
     def took(self, seconds: float, texts: int) -> None:

@@ -129,18 +129,18 @@ class Scans:
                     state.last_error = None
             state.rescan_delay = RESCAN_START
             return
+        n = len(listing.unlisted)
+        folders = f"{n} folder{'s' if n != 1 else ''}"
         if not any((src.root / d).exists() for d in listing.unlisted):
             # Folders deleted (or moved away) while the scan walked them: nothing is wrong. Their
             # files are kept until a listing shows them gone: the next scan, in a second.
             state.unlisted = was
-            n = len(listing.unlisted)
-            log.info("source %s: %d folder%s went away while it was scanned; scanning again",
-                     src.name, n, "s" if n != 1 else "")
+            log.info("source %s: %s went away while it was scanned; scanning again",
+                     src.name, folders)
             self.call_later(GONE_RESCAN, lambda: self.request_scan(src.name))
             return
         where, why = next(iter(sorted(listing.unlisted.items())))
-        n = len(listing.unlisted)
-        state.last_error = (f"{n} folder{'s' if n != 1 else ''} could not be listed, e.g. "
+        state.last_error = (f"{folders} could not be listed, e.g. "
                             f"{sources.printable(where) or src.root}: {why}; the files under "
                             f"them are kept; retrying in {state.rescan_delay:.0f} s")
         if set(listing.unlisted) != set(was):

@@ -48,9 +48,9 @@ MAX_ATTEMPTS = 3
 # readable), as embed_hash always said; v1 embedded the raw text.
 EMBED_TEXT_VERSION = 2
 SNAPSHOT_EVERY = 600.0  # seconds between snapshots of a matrix that changed
-# An int8 graph's first candidates ranked again by their float32 vectors, read from the cache
-# (rescore): each vector read costs (2.5 ms a search for 100 at 100k chunks), and the top 10
-# of the first 50 so ranked is that of all 100 (32 lost 2 of 1,500: docs/scaling.md)
+# An int8 graph's first candidates ranked again by their float32 vectors (rescore): each is a
+# read from the cache, and an int8 cosine is off by so little that the true top 10 is among
+# the graph's first 50 (docs/scaling.md); the rest keep their int8 cosines
 RESCORED = 50
 
 

@@ -50,11 +50,10 @@ log = logging.getLogger("ragd.watcher")
 
 # where watchdog (>= 7.1) reports IN_Q_OVERFLOW
 OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
-# Each source's folder is looked up this often (a stat): a folder moved away with nothing
-# written in it after is seen gone within a second (it was flagged only at the next look of
-# unwatched_scan_interval, and search showed its paths meanwhile); one renamed and renamed
-# back, a disk unplugged and plugged in, is back within seconds, and the files written in it
-# meanwhile are indexed then.
+# Each source's folder is looked up this often (a stat): inotify says nothing of a folder
+# moved away, and until it is seen gone search shows paths that are not there; one renamed
+# and renamed back, a disk unplugged and plugged in, is back within seconds, and the files
+# written in it meanwhile are indexed then.
 ROOT_LOOK = 1.0
 # What is asked of inotify: not opens, reads or closes without a write (ragd's own reading of a
 # file would otherwise fill the kernel's queue with events about itself).

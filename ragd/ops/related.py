@@ -82,8 +82,7 @@ class RelatedOps:
             # only over a bar MEANING_MARGIN under search's threshold (the threshold is a
             # question's against a passage's; two passages on one topic, each of its own
             # words, sit lower: an ADR note and a decision log at 0.27). A short text is a
-            # question: search's threshold ("companion planting for tomatoes" listed PEPs at
-            # 0.21 where search said nothing relevant)
+            # question, and a question's neighbours are what search would call relevant
             thr = self.p.searcher.threshold()
             if text is None or "\n" in text.strip() or len(text.split()) > QUERY_WORDS:
                 thr = max(0.0, thr - MEANING_MARGIN)
@@ -110,11 +109,14 @@ class RelatedOps:
                            f"embedded yet are not compared")
         return out
 
+    def _file_row(self, db, p: str):
+        """(the source holding the absolute path p or None, its file's row or None)."""
+        src = next((s for s in self.p.cfg.sources if args.under(p, s.root)), None)
+        return src, src and store.file_row(db, src.name, Path(p).relative_to(src.root).as_posix())
+
     def _has_chunks(self, db, path: str) -> bool:
         """Does the indexed note at path have any chunk (a note of no text has none)?"""
-        p = os.path.abspath(os.path.expanduser(path))
-        src = next((s for s in self.p.cfg.sources if args.under(p, s.root)), None)
-        row = src and store.file_row(db, src.name, Path(p).relative_to(src.root).as_posix())
+        row = self._file_row(db, os.path.abspath(os.path.expanduser(path)))[1]
         return row is None or bool(store.file_chunks(db, row["id"]))
 
     def _searched(self, space):
@@ -146,10 +148,9 @@ class RelatedOps:
                     return ([{"line_start": c.record.line_start, "line_end": c.record.line_end}
                              for c, _ in pairs], np.array([v for _, v in pairs]), own,
                             printable(p), [c.record.text_hash for c, _ in pairs])
-            src = next((s for s in self.p.cfg.sources if args.under(p, s.root)), None)
+            src, row = self._file_row(db, p)
             if src is None:
                 raise OpError(P.NOT_FOUND, f"related: {path} is not in any source")
-            row = store.file_row(db, src.name, Path(p).relative_to(src.root).as_posix())
             if row is None:
                 raise OpError(P.NOT_FOUND, f"related: {path} is not indexed")
             chunks = store.file_chunks(db, row["id"])

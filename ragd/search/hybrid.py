@@ -59,9 +59,9 @@ MEANING_GAP = 0.07
 GAP_CHUNKS = 30  # of the vector list looked through for the best chunk of another note
 # How many of BM25's first candidates must have their vectors for the fusion to be fair
 # (Ranking.candidate_coverage): those that make the results. A source being embedded that
-# holds the query's words further down (PEPs saying "global" and "filter") does not send the
-# notes that answer, all embedded, back to BM25's order; a first embedding covers a query's
-# first candidates as thinly as the rest.
+# holds the query's words further down does not send the notes that answer, all embedded,
+# back to BM25's order; a first embedding covers a query's first candidates as thinly as
+# the rest.
 CANDIDATES_COVERED = 20
 # The rank a match by meaning that clear is lifted to when below it, at any coverage: third,
 # not second, because each lift of a note that is not the answer pushes the answers below it
