@@ -254,7 +254,7 @@ def test_a_reload_reaches_every_part_that_reads_the_config(make_daemon, tmp_path
                                        "buffers.max_per_client"}
         assert res["restart_needed"] == ["engines.threads"]
         # and status says so until then (a fresh-user walk found it said once, then forgotten)
-        assert any("engines.threads" in h and "next start" in h
+        assert any("engines.threads, which takes effect at the next start" in h
                    for h in d.call("status")["hints"])
         after = d.call("search", query="quokka")["results"]
         assert len(after) == 2  # the ops' default k

@@ -709,6 +709,46 @@ def test_a_bundled_engine_stops_at_once_in_the_middle_of_a_batch(tmp_path, caplo
             engine.stop()
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process under pid (its engines, and a bundled engine's server child)."""
+    parent = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    parent[int(p)] = int(f.read().split(")")[-1].split()[1])
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def test_a_stop_that_signals_the_engines_too_is_no_pause(make_daemon, tmp_path):
+    """A service manager stops a unit by signalling all of its processes (systemd's
+    control-group kill): the engines exit at once while ragd stops, and a batch in flight
+    fails. That is the stop, not an engine lost: the log said "embedding paused: ...
+    Connection refused" (a fresh-user walk) and a stop must log no such thing."""
+    d = make_daemon(extra=engine_config())  # (obsidian-tasks-docs: ~1,500 texts to embed)
+    with d:
+        deadline = time.monotonic() + 120
+        while not ((e := d.call("status")["engines"]["embedding"]).get("vectors", 0) >= 64
+                   and e.get("embedder") == "embedding"):
+            assert time.monotonic() < deadline, e
+            time.sleep(0.05)
+        engines = _descendants(d.proc.pid)
+        assert e["pid"] in engines
+        for pid in [*engines, d.proc.pid]:  # (a group kill: in no order; the engines first here)
+            os.kill(pid, signal.SIGTERM)
+        assert d.proc.wait(30) == 0
+    log = (tmp_path / "data" / "ragd.log").read_text()
+    assert "stopping" in log and "embedding paused" not in log, log[-2000:]
+
+
 def test_the_time_left_goes_by_the_pace_of_the_last_requests():
     """A first index's first batches share the cores with the indexer: at their pace `ragctl
     start` said "~63 min" where status said "~20 min left" seconds later. The estimate goes by

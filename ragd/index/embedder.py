@@ -113,10 +113,14 @@ class Embedder:
     def start(self) -> None:
         self.worker.start()
 
-    def stop(self) -> None:
+    def tell_stop(self) -> None:
+        """Ask the thread to stop, without waiting for it."""
         self._stop.set()
         if self.space is not None:
             self.space.wake()
+
+    def stop(self) -> None:
+        self.tell_stop()
         self.worker.stop(30)
         self._prefetch.shutdown(wait=False, cancel_futures=True)
         self._requests.shutdown(wait=False, cancel_futures=True)
@@ -226,10 +230,11 @@ class Embedder:
                         self.store.snapshot_if_due(db)
                     self._resumed()
                 except EngineUnavailable as e:
-                    if not self._engine_lost:  # once; "resumed" when it answers again
-                        log.info("embedding paused: %s", e)
+                    # said after the wait, not before: at a stop the engines may go first (a
+                    # service manager signals the whole group), and a stop is no pause
+                    if not self._stop.wait(0.2) and not self._engine_lost:
+                        log.info("embedding paused: %s", e)  # once; "resumed" when it answers
                         self._engine_lost = True
-                    self._stop.wait(0.2)
                 except sqlite3.OperationalError as e:
                     if not store.transient(e):
                         raise

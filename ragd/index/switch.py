@@ -181,9 +181,11 @@ class Embedding:
         self.engines.promote_next()
 
     def stop(self) -> None:
-        for e in (self.next, self.active):
-            if e is not None:
-                e.stop()
+        embedders = [e for e in (self.next, self.active) if e is not None]
+        for e in embedders:  # all told first: one waited for is no reason for another to go on
+            e.tell_stop()
+        for e in embedders:
+            e.stop()
 
     # -- status -----------------------------------------------------------------------------------
 

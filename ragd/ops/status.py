@@ -85,8 +85,10 @@ class StatusOps:
                              f"files are set aside until {until} (gc.grace_hours); added back "
                              f"under that name before then, it returns as it was")
         if self.p.restart_needed:
-            hints.insert(0, f"the config changes {', '.join(self.p.restart_needed)}, which take "
-                            f"effect at the next start ('ragctl stop && ragctl start')")
+            n = len(self.p.restart_needed)
+            hints.insert(0, f"the config changes {', '.join(self.p.restart_needed)}, which "
+                            f"take{'s' if n == 1 else ''} effect at the next start "
+                            f"('ragctl stop && ragctl start')")
         if self.p.reload_failed:
             hints.insert(0, self.p.reload_failed)
         per_source = []
