@@ -749,6 +749,29 @@ def test_a_stop_that_signals_the_engines_too_is_no_pause(make_daemon, tmp_path):
     assert "stopping" in log and "embedding paused" not in log, log[-2000:]
 
 
+def test_a_restart_in_the_middle_of_a_first_embedding_has_an_estimate_at_once(make_daemon,
+                                                                             tmp_path):
+    """The pace of a run is kept at its stop: a restart with texts still to embed said "no
+    estimate yet" (ragctl start, status) until 32 texts of the new run were in (a fresh-user
+    walk). Small batches here, so that 32 texts take many requests."""
+    from ragd.index.embedder import EmbedStats
+
+    assert EmbedStats().seconds_per_text() is None  # (no run before: nothing to go by)
+    d = make_daemon(extra=engine_config(extra="batch_tokens = 256\n"))
+    with d:
+        deadline = time.monotonic() + 120
+        while (e := d.call("status")["engines"]["embedding"]).get("embedded_texts", 0) < 40:
+            assert time.monotonic() < deadline, e
+            time.sleep(0.1)
+    with d:
+        deadline = time.monotonic() + 60
+        while (e := d.call("status")["engines"]["embedding"]).get("pending_texts") is None:
+            assert time.monotonic() < deadline, e
+            time.sleep(0.02)
+        assert e["pending_texts"] > 0 and e["embedded_texts"] < 32, e
+        assert e["eta_s"] is not None and e["eta_s"] > 0, e
+
+
 def test_the_time_left_goes_by_the_pace_of_the_last_requests():
     """A first index's first batches share the cores with the indexer: at their pace `ragctl
     start` said "~63 min" where status said "~20 min left" seconds later. The estimate goes by

@@ -65,6 +65,10 @@ class EmbedStats:
     # goes by. The first ones of a first index share the cores with the indexer (reading,
     # chunking, the keyword index), so the pace since start overstates what is left
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
+    # seconds per text of this model at the end of the last run (meta 'embed_pace:<model>'):
+    # the estimate until this run has its own, or a restart in the middle of a first index
+    # says "no estimate yet" until the first 32 texts are in
+    before: float | None = None
 
     def took(self, seconds: float, texts: int) -> None:
         """A request of the embedder thread's: `texts` embedded in `seconds` of the engine's."""
@@ -74,9 +78,10 @@ class EmbedStats:
 
     def seconds_per_text(self) -> float | None:
         """At the pace of the last requests (of every one so far when the thread has sent
-        none: an edit's texts, embedded before their commit); None before 32 texts."""
+        none: an edit's texts, embedded before their commit); before 32 texts, the last
+        run's pace (None without one)."""
         if self.texts < 32:
-            return None
+            return self.before
         n = sum(t for _, t in self.recent)
         return sum(s for s, _ in self.recent) / n if n else self.seconds / self.texts
 
@@ -205,7 +210,10 @@ class Embedder:
 
     def _run(self) -> None:
         db = store.connect(self.db_path)
+        pace_key = f"embed_pace:{self.model.name}"
         try:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (pace_key,)).fetchone()
+            self.stats.before = float(row[0]) if row else None
             while not self._stop.is_set():
                 if not self.engine.wait_ready(0.5 if self.engine.state != "failed" else 5.0):
                     self.state = ("engine failed" if self.engine.state == "failed"
@@ -245,7 +253,19 @@ class Embedder:
                     self.store.snapshot(db, self.space)  # a restart loads it, not every blob
             except Exception:
                 log.exception("writing the vector snapshot")
+            self._keep_pace(db, pace_key)
             db.close()
+
+    def _keep_pace(self, db, key: str) -> None:
+        """Keep this run's pace for the next one's estimate (when it has one of its own)."""
+        if self.stats.texts < 32 or (per := self.stats.seconds_per_text()) is None:
+            return
+        try:
+            with store.transaction(db):
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                           (key, repr(per)))
+        except sqlite3.Error as e:  # (an estimate: the stop goes on without it)
+            log.debug("keeping the embedding pace: %s", e)
 
     def _paused(self, e: BaseException) -> None:
         self.problem = f"the index cannot be written ({e}); retrying in {self._pause:.0f} s"
