@@ -222,6 +222,37 @@ def small_vault(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def second_embedding_model(tmp_path_factory) -> Path:
+    """A second embedding model for switching between vector spaces: the shared reranker's
+    encoder without its classification head (a cross-encoder itself is refused as an
+    embedding model), mean-pooled by the engine. Written with the gguf package: every key and
+    tensor of the file but the head's."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    out = tmp_path_factory.mktemp("models") / "minilm-encoder-q8_0.gguf"
+    reader = GGUFReader(str(RERANK_MODEL))
+    arch = str(reader.fields["general.architecture"].contents())
+    writer = GGUFWriter(str(out), arch)
+    for f in reader.fields.values():
+        if f.name == "general.architecture" or f.name.startswith("GGUF.") or \
+                f.name == f"{arch}.classifier.output_labels":
+            continue
+        array = f.types[0] == GGUFValueType.ARRAY
+        writer.add_key_value(f.name, f.contents(), f.types[0],
+                             sub_type=f.types[-1] if array else None)
+    kept = [t for t in reader.tensors if not t.name.startswith("cls.")]
+    for t in kept:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.n_bytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in kept:
+        writer.write_tensor_data(t.data)
+    writer.close()
+    return out
+
+
+@pytest.fixture(scope="session")
 def llama_server() -> Path:
     """The native llama-server (tests/native_server.py): built once from the llama.cpp sources
     on PyPI and cached outside the checkout. A failed build fails the tests that need it, with

@@ -243,7 +243,7 @@ def test_engine_that_keeps_dying_is_marked_failed(make_daemon, tmp_path, engine_
         assert res["degraded"] is True and "failed" in res["reason"] and res["results"]
 
 
-def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path):
+def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path, second_embedding_model):
     """The model changed while ragd was stopped: at start the model in use serves and the new
     one is built beside it; neither matrix ever holds a vector of the other space."""
     root = small_vault(tmp_path / "vault")
@@ -253,7 +253,8 @@ def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path):
         first_space = st["engines"]["embedding"]["space"]
         n = st["engines"]["embedding"]["vectors"]
     # Another model (the reranker's encoder, mean-pooled: a different vector space).
-    d.config.write_text(d.config.read_text().replace(str(EMBED_MODEL), str(RERANK_MODEL)))
+    d.config.write_text(d.config.read_text().replace(str(EMBED_MODEL),
+                                                     str(second_embedding_model)))
     with d:
         db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
 
@@ -290,7 +291,8 @@ def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path):
         assert res["vector_space"] == e["space"]
         assert in_space(first_space) == n  # the first model's cache is kept
     # Switching back costs nothing: the first space and its cache are found again.
-    d.config.write_text(d.config.read_text().replace(str(RERANK_MODEL), str(EMBED_MODEL)))
+    d.config.write_text(d.config.read_text().replace(str(second_embedding_model),
+                                                     str(EMBED_MODEL)))
     with d:
         deadline = time.monotonic() + 60
         while d.call("status")["engines"]["embedding"].get("space") != first_space:
@@ -790,3 +792,30 @@ def test_the_time_left_goes_by_the_pace_of_the_last_requests():
         s.took(1.0, 10)
     assert s.seconds_per_text() == pytest.approx(0.1)
     assert s.seconds == pytest.approx(50.0 + RECENT_REQUESTS) and s.requests == 5 + RECENT_REQUESTS
+
+
+def test_an_engine_that_fails_is_explained_by_its_log_lines_that_say_why(tmp_path):
+    """A model llama.cpp cannot serve aborts after pages of loading notes, and ggml's gdb
+    backtrace came after the reason: status showed eight lines of gdb (a fresh-user walk).
+    The engines run without the backtrace, and the reason given is the last start's lines
+    that say what went wrong."""
+    from ragd.engines.models import ResolvedModel
+    from ragd.engines.supervisor import Engine, EngineSettings, child_env
+
+    assert child_env()["GGML_NO_BACKTRACE"] == "1"
+    model = ResolvedModel("m", EMBED_MODEL, "embedding", "mean", 512, "", "", 0.0, None)
+    engine = Engine("generator", model, EngineSettings(), tmp_path / "run", tmp_path / "logs")
+    engine.log_path.parent.mkdir(parents=True, exist_ok=True)
+    engine.log_path.write_text(
+        "--- 2026-12-05 11:40:00 starting: llama-server -m old.gguf\n"
+        "error: an older start's failure\n"
+        "--- 2026-12-05 11:41:00 starting: llama-server -m minilm.gguf\n"
+        + "".join(f"llama_model_loader: - kv {i}: some.key = {i}\n" for i in range(40))
+        + "/src/llama-context.cpp:1020: GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max) "
+          "failed\n"
+        + "".join(f"#{i} 0x7f00 in frame_{i} ()\n" for i in range(12)))
+    assert engine.tail_log() == ("/src/llama-context.cpp:1020: GGML_ASSERT(n_outputs_max <= "
+                                 "cparams.n_outputs_max) failed")
+    engine.log_path.write_text("--- 2026-12-05 starting: x\n"
+                               + "".join(f"line {i}\n" for i in range(20)))
+    assert engine.tail_log(3) == "line 17\nline 18\nline 19"  # (nothing telling: the last)

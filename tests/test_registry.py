@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import ragctl
+import pytest
+
+from conftest import EMBED_MODEL, RERANK_MODEL, ragctl
 from ragctl.admin import models_lines
 from ragd.engines import models
 from ragd.engines.models import ModelSpec
@@ -80,3 +82,23 @@ def test_a_gguf_by_path_is_recognised_by_its_probe_vector_only():
     assert recognise(same[:256]) is None  # dims differ
     shuffled = np.concatenate([rng.permutation(spec.probe), tail])
     assert recognise(shuffled) is None
+
+
+def test_a_model_file_that_cannot_serve_its_role_is_refused_before_an_engine_starts(tmp_path):
+    """A fresh-user walk set a README as the embedding model ("switching" for good while the
+    engine failed), the shared cross-encoder as the embedding model (a switch to meaningless
+    vectors) and MiniLM as the generator (llama.cpp aborted at every retry, gdb's backtrace
+    in status). Each is refused with what the file is; the right roles are taken."""
+    text = tmp_path / "README.md"
+    text.write_text("# models\n")
+    for value, role, needle in (
+            (text, "embedding", "is not a GGUF model file (it begins b'# mo'"),
+            (RERANK_MODEL, "embedding", "is a reranker (a cross-encoder: it has a "
+                                        "classification head), not an embedding model"),
+            (EMBED_MODEL, "generator", "is an encoder (bert): it embeds or ranks text"),
+            (RERANK_MODEL, "generator", "is an encoder (bert)")):
+        with pytest.raises(models.ModelError) as e:
+            models.resolve(str(value), role, tmp_path)
+        assert needle in str(e.value), (value, role, str(e.value))
+    assert models.resolve(str(EMBED_MODEL), "embedding", tmp_path).path == EMBED_MODEL
+    assert models.resolve(str(RERANK_MODEL), "reranker", tmp_path).path == RERANK_MODEL

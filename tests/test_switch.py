@@ -140,7 +140,7 @@ def test_a_switch_survives_a_restart_and_a_kill(make_daemon, tmp_path):
         assert r["vector_space"] == e["space"] and not r["degraded"]
 
 
-def test_models_use_and_cancel(make_daemon, tmp_path):
+def test_models_use_and_cancel(make_daemon, tmp_path, second_embedding_model):
     """ragctl models use PATH switches (the reranker's encoder, mean-pooled, is another vector
     space); --cancel puts the model in use back in the config and stops the switch."""
     root = small_vault(tmp_path / "v")
@@ -149,9 +149,9 @@ def test_models_use_and_cancel(make_daemon, tmp_path):
     with d:
         st = wait_embedded(d)
         s1 = st["engines"]["embedding"]["space"]
-        r = ragctl("--config", d.config, "models", "use", str(RERANK_MODEL))
+        r = ragctl("--config", d.config, "models", "use", str(second_embedding_model))
         assert r.returncode == 0 and "switching to" in r.stdout, r.stderr
-        assert f'model = "{RERANK_MODEL}"' in d.config.read_text()
+        assert f'model = "{second_embedding_model}"' in d.config.read_text()
         r = ragctl("--config", d.config, "status")
         assert "switching to" in r.stdout, r.stdout
         r = ragctl("--config", d.config, "models", "use", "--cancel")
@@ -200,13 +200,20 @@ def test_a_model_that_cannot_be_used_is_refused_and_a_failed_one_is_replaced_liv
         assert e["model_path"] == str(EMBED_MODEL) and e["vectors"] == st["sources"][0]["chunks"]
         r = d.call("search", query="a kanban board with lanes", mode="hybrid", k=3)
         assert r["degraded"] is False and r["results"]
-        # and on a running model, a model that cannot be used changes nothing either
-        before = d.config.read_text()
-        r = ragctl("--config", d.config, "models", "use", str(missing))
-        assert r.returncode == 1 and d.config.read_text() == before
-        e2 = d.call("status")["engines"]["embedding"]
-        assert e2["model_path"] == str(EMBED_MODEL) and e2["space"] == e["space"]
-        assert "switch" not in e2
+        # and on a running model, a model that cannot be used changes nothing either: no
+        # such file, a file that is no GGUF, a cross-encoder (a fresh-user walk: the last two
+        # were taken, "switching" for good or to vectors that mean nothing)
+        readme = tmp_path / "README.md"
+        readme.write_text("# models\n")
+        for bad, why in ((missing, "does not exist"), (readme, "is not a GGUF model file"),
+                         (RERANK_MODEL, "is a reranker")):
+            before = d.config.read_text()
+            r = ragctl("--config", d.config, "models", "use", str(bad))
+            assert r.returncode == 1 and d.config.read_text() == before
+            assert why in r.stderr, r.stderr
+            e2 = d.call("status")["engines"]["embedding"]
+            assert e2["model_path"] == str(EMBED_MODEL) and e2["space"] == e["space"]
+            assert "switch" not in e2
 
 
 def test_a_model_that_failed_to_prepare_is_tried_again_by_a_reload(make_daemon, tmp_path):

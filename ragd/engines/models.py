@@ -19,8 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -225,6 +227,7 @@ def resolve(value: str, role: str, data_dir: Path, *, fetch: bool = True,
         path = Path(value).expanduser()
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist")
+        check_gguf(path, role)
         default_pool = {"reranker": "rank", "generator": "none"}.get(role, "mean")
         context = (gguf_context(path) or 512) if role == "generator" else 512
         return ResolvedModel(path.stem, path.resolve(), role, pooling or default_pool, context,
@@ -270,6 +273,93 @@ def recognise(probe) -> ModelSpec | None:
         if cos >= RECOGNISE_MATCH:
             return spec
     return None
+
+
+# llama.cpp's encoder-only architectures: they embed or rank text, they cannot write it
+ENCODERS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
+                      "neo-bert", "modern-bert", "t5encoder"})
+
+
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # by type
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_names(path: Path) -> tuple[str, set[str], list[str]]:
+    """(general.architecture, every metadata key, every tensor name) of a GGUF file (version
+    2 or later), from its header alone. The gguf package reads every value (a tokenizer's
+    vocabulary: half a second a start); this skips them. ValueError when it is not one."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        magic, version, n_tensors, n_keys = struct.unpack_from("<4sIQQ", m, 0)
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"not a GGUF file of version 2 or later ({magic!r}, {version})")
+        at = 24
+
+        def string() -> str:
+            nonlocal at
+            (n,) = struct.unpack_from("<Q", m, at)
+            at += 8 + n
+            return m[at - n:at].decode("utf-8", "replace")
+
+        def skip(kind: int, count: int = 1) -> None:
+            nonlocal at
+            if kind == _GGUF_STRING:
+                for _ in range(count):
+                    (n,) = struct.unpack_from("<Q", m, at)
+                    at += 8 + n
+            elif kind == _GGUF_ARRAY:
+                for _ in range(count):
+                    sub, n = struct.unpack_from("<IQ", m, at)
+                    at += 12
+                    skip(sub, n)
+            elif kind in _GGUF_SIZES:
+                at += _GGUF_SIZES[kind] * count
+            else:
+                raise ValueError(f"unknown GGUF value type {kind}")
+
+        keys, arch = set(), ""
+        for _ in range(n_keys):
+            key = string()
+            (kind,) = struct.unpack_from("<I", m, at)
+            at += 4
+            keys.add(key)
+            if key == "general.architecture" and kind == _GGUF_STRING:
+                arch = string()
+            else:
+                skip(kind)
+        tensors = []
+        for _ in range(n_tensors):
+            tensors.append(string())
+            (dims,) = struct.unpack_from("<I", m, at)
+            at += 4 + 8 * dims + 4 + 8  # (shape, type, offset)
+        return arch, keys, tensors
+
+
+def check_gguf(path: Path, role: str) -> None:
+    """Refuse a file given by path that cannot serve the role, before an engine is started on
+    it: not a GGUF at all (the engine failed five times and the switch said "switching"
+    forever), a cross-encoder (a classification head) as the embedding model (its vectors
+    mean nothing: a switch would have replaced the index's), an encoder as the generator
+    (llama.cpp aborts on it, at every retry). Raises ModelError saying which."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelError(f"model file {path} cannot be read: {e.strerror or e}") from None
+    if magic != b"GGUF":
+        raise ModelError(f"{path} is not a GGUF model file (it begins {magic!r}, not b'GGUF')")
+    try:
+        arch, keys, tensors = gguf_names(path)
+    except (OSError, ValueError, struct.error) as e:  # the engine will say what is wrong
+        log.warning("%s: cannot read the GGUF header: %s", path, e)
+        return
+    head = f"{arch}.classifier.output_labels" in keys or any(
+        t.startswith("cls.") for t in tensors)
+    if role == "embedding" and head:
+        raise ModelError(f"{path.name} is a reranker (a cross-encoder: it has a classification "
+                         f"head), not an embedding model; it belongs in [reranker] model")
+    if role == "generator" and (arch in ENCODERS or head):
+        raise ModelError(f"{path.name} is an encoder ({arch}): it embeds or ranks text, it "
+                         f"cannot write an answer; [generator] model needs a chat model")
 
 
 def gguf_context(path: Path) -> int | None:

@@ -201,6 +201,7 @@ class Embedding:
                "vectors": have, "chunks": chunks,
                "progress": round(min(1.0, have / chunks), 4) if chunks else 1.0,
                "state": nxt.status, "engine": nxt.engine.state,
+               "engine_reason": nxt.engine.reason,
                "started": self.switch_started}
         todo = nxt.pending()
         elapsed = time.time() - (self.switch_started or time.time())
