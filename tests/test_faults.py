@@ -647,7 +647,7 @@ def test_a_failed_engine_comes_back(make_daemon, tmp_path):
         assert e["next_try"] - time.time() > 20, e
         r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
                             "status"], capture_output=True, text=True, timeout=60)
-        assert "query engine tried again in" in r.stdout, r.stdout
+        assert "query engine: next try in" in r.stdout, r.stdout
         assert d.call("reload")["engines_retried"] == ["query"]
         deadline = time.monotonic() + 20  # well before its next try (30 s)
         while (q := d.call("status")["engines"]["embedding"]["query_engine"])["state"] != \

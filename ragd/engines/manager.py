@@ -309,9 +309,10 @@ class Engines:
         if engine is not None and not engine.ready:
             why = f": {engine.reason.splitlines()[0]}" if engine.reason else ""
             if engine.state == "failed" and engine.next_try:
-                why += (f"; tried again in {max(0, engine.next_try - time.time()):.0f} s, or "
+                why += (f"; next try in {max(0, engine.next_try - time.time()):.0f} s, or "
                         f"at once by 'ragctl reload'")
-            return f"the {role} engine is {engine.state}{why}"
+            state = "has failed" if engine.state == "failed" else f"is {engine.state}"
+            return f"the {role} engine {state}{why}"
         return None
 
     def retry_failed(self) -> list[str]:

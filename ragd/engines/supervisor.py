@@ -25,6 +25,7 @@ import collections
 import ctypes
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -146,6 +147,11 @@ def command(role: str, model: ResolvedModel, sock: Path, settings: EngineSetting
 OMP_SPIN = 30000
 
 
+# An engine log's lines that say why it failed (llama.cpp's own words for it)
+TELLING = re.compile(r"error|assert|failed|abort|exception|cannot|unable|invalid|unknown "
+                     r"model|not supported|unsupported", re.IGNORECASE)
+
+
 def child_env() -> dict[str, str]:
     """The engine's environment: ragd's own, less what llama.cpp reads as command-line options
     (LLAMA_ARG_*, LLAMA_API_KEY). A user's settings for their own llama-server must not change
@@ -154,6 +160,9 @@ def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not (k.startswith("LLAMA_ARG_") or k == "LLAMA_API_KEY")}
     env.setdefault("GOMP_SPINCOUNT", str(OMP_SPIN))
+    # ggml runs gdb on an abort to print a backtrace: seconds of CPU at each failed start, and
+    # a debugger's pages where the reason (the GGML_ASSERT line before them) should be
+    env.setdefault("GGML_NO_BACKTRACE", "1")
     return env
 
 
@@ -254,14 +263,22 @@ class Engine:
                         self.log_path, e)
 
     def tail_log(self, lines: int = 8) -> str:
+        """The last start's lines that say what went wrong (errors, failed asserts), else its
+        last lines: a model llama.cpp cannot serve aborts after pages of loading notes."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 8192))
+                f.seek(max(0, f.tell() - 32768))
                 text = f.read().decode(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        last = text.strip().splitlines()
+        for i in range(len(last) - 1, -1, -1):
+            if last[i].startswith("--- ") and " starting: " in last[i]:
+                last = last[i + 1:]
+                break
+        telling = [line for line in last if TELLING.search(line)]
+        return "\n".join((telling or last)[-lines:])
 
     # -- the monitor thread ----------------------------------------------------------------------
 
