@@ -32,9 +32,11 @@ def _socket(args) -> Path:
     def broken(why: str) -> None:
         if why not in _warned:
             _warned.add(why)
-            print(f"ragctl: warning: {why}. Its [daemon] socket read as written; a running "
-                  f"ragd goes on with the config it read before (fix the file, then 'ragctl "
-                  f"reload')", file=sys.stderr)
+            if getattr(args, "command", None) == "reload":
+                return  # (the daemon's refusal says why, once)
+            print(f"ragctl: warning: {why}. The socket was taken from its [daemon] section "
+                  f"as written; a running ragd goes on with the config it read before (fix "
+                  f"the file, then 'ragctl reload')", file=sys.stderr)
     return P.socket_path(args.socket, args.config, broken=broken)
 
 

@@ -211,7 +211,13 @@ def _add_sources(args, folders: list[str], running: bool, starting: bool = False
         except P.DaemonError as e:
             configfile.restore(path, before)
             raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was", 1)
-        print(f"ragd is indexing {', '.join(res['added'])} now")
+        restored = [n for n in res.get("restored") or () if n in res["added"]]
+        fresh = [n for n in res["added"] if n not in restored]
+        if restored:
+            print(f"ragd restored {', '.join(restored)} as it was when removed (its files set "
+                  f"aside, kept for the GC grace period): only changes since are read")
+        if fresh:
+            print(f"ragd is indexing {', '.join(fresh)} now")
         if _interactive(args):
             _progress(args, _socket(args))
         elif starting and not args.no_wait:  # (start, as above)
@@ -312,6 +318,8 @@ def do_reload(args) -> int:
             names = [n for n in r.get(key) or () if n not in said]
             if names:
                 print(f"  {label}: {', '.join(names)}")
+        for overlap in r.get("overlaps") or ():
+            print(f"  warning: {overlap}")
         for name in r.get("missing") or ():
             print(f"  source {name}: its folder is not there (yet): its indexed files are kept, "
                   f"and it is watched once the folder exists ('ragctl status')")
@@ -325,6 +333,8 @@ def do_reload(args) -> int:
             more = " ('ragctl status' shows the progress)" if "switching" in r["embedding"] \
                 else ""
             print(f"  embedding model: {r['embedding']}{more}")
+        for problem in r.get("next_start") or ():
+            print(f"  warning: {problem} (its engine will not start)")
         if r["restart_needed"]:
             print(f"  a restart is needed for: {', '.join(r['restart_needed'])} "
                   f"('ragctl stop && ragctl start')")
@@ -377,7 +387,8 @@ def do_status(args) -> int:
                 eta = "" if not e.get("eta_s") else f", ~{e['eta_s']} s left" \
                     if e["eta_s"] < 90 else f", ~{round(e['eta_s'] / 60)} min left"
                 left = ("counting the texts to embed" if todo is None else
-                        f"{todo} texts to embed{eta}, {e.get('order') or 'in index order'}"
+                        f"{_count(todo, 'text')} to embed{eta}, "
+                        f"{e.get('order') or 'in index order'}"
                         if todo else "every chunk embedded")
                 # (the space may hold vectors of texts no chunk uses any more, until GC: never
                 # "100%" while texts are still to embed)
@@ -389,7 +400,12 @@ def do_status(args) -> int:
                 line += f"  context {e['context']}"
             print(line)
             sw = e.get("switch")
-            if sw:
+            if sw and sw.get("engine") == "failed":
+                why = (sw.get("engine_reason") or "").splitlines()
+                print(f"    switching to {sw['to']} is stalled: its engine failed"
+                      f"{': ' + why[0] if why else ''}; {sw['from']} answers meanwhile "
+                      f"('ragctl models use --cancel' gives up the switch)")
+            elif sw:
                 eta = f", ~{sw['eta_s'] / 60:.0f} min left" if sw.get("eta_s") else ""
                 print(f"    switching to {sw['to']}: {sw['vectors']}/{sw['chunks']} chunks "
                       f"({100 * sw['progress']:.0f}%){eta}; {sw['from']} answers meanwhile "
@@ -399,7 +415,7 @@ def do_status(args) -> int:
                     print("    " + note.replace("\n", "\n    "))
             for which, eng in ((role, e), ("query", e.get("query_engine") or {})):
                 if eng.get("state") == "failed" and eng.get("next_try"):
-                    print(f"    {which} engine tried again in "
+                    print(f"    {which} engine: next try in "
                           f"{max(0, eng['next_try'] - time.time()):.0f} s, or now by "
                           f"'ragctl reload'")
         store = st.get("store") or {}

@@ -37,8 +37,8 @@ def do_search(args) -> int:
             shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
             found = res.get("candidate_coverage")
             if str(res.get("fusion", "")).startswith("bm25 order"):
-                how = ("ranked by keywords until 95% are in (meaning matches after them, a "
-                       "clear one among the first)")
+                how = ("ranked by keywords until 95% are in; notes found by meaning come "
+                       "after them, a clear match among the first")
             elif found is not None and found >= 0.95:
                 how = (f"the notes these words found have theirs ({100 * found:.0f}%), the rest "
                        f"are being embedded")

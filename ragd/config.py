@@ -197,10 +197,18 @@ def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) ->
     for i, p in enumerate(extra_sources):
         sources.append(_source_from_cli(where, p, i))
     seen: set[str] = set()
+    folders: dict[str, Source] = {}
     for s in sources:
         if s.name in seen:
             raise ConfigError(f"{where}: two sources are named {s.name!r}; names must be unique")
         seen.add(s.name)
+        # one folder, one source: two would index every file twice, and every search would
+        # show each note twice (a folder's files of two kinds: one source, its include)
+        other = folders.setdefault(os.path.realpath(s.root), s)
+        if other is not s:
+            raise ConfigError(f"{where}: sources {other.name!r} and {s.name!r} are the same "
+                              f"folder ({s.root}); a folder is one source (its include and "
+                              f"exclude choose its files)")
 
     if v["llama_server"]:
         _existing_file(where, "engines.llama_server", v["llama_server"])

@@ -37,6 +37,7 @@ PROTOCOL_VERSION = 1
 HEADER = struct.Struct("!I")
 # Requests are small; anything above this is refused before it is read into memory.
 MAX_FRAME = 8 * 1024 * 1024
+MAX_K = 1000  # results a search may ask for (search.k in the config is held to it too)
 
 # Error codes. Documented in docs/protocol.md: add one there when you add one here.
 BAD_FRAME = "bad_frame"  # undecodable framing or payload (not msgpack / not JSON)

@@ -17,6 +17,7 @@ import threading
 import time
 
 from ragd import __version__, config, settings
+from ragd.engines import models
 from ragd.engines.manager import Engines
 from ragd.events import EventBus
 from ragd.index import gc, milvus, store, textindex
@@ -256,6 +257,25 @@ class Runtime:
                         new.embedding_model, e, cfg.embedding_model)
             return None, str(e)
 
+    @staticmethod
+    def _next_start_problems(cfg, new) -> list[str]:
+        """Why a reranker or generator model the file now names cannot serve (no such file,
+        not that kind of model): said at the reload, not found at the next start."""
+        out = []
+        for role in ("reranker", "generator"):
+            value = getattr(new, f"{role}_model")
+            spec = models.REGISTRY.get(value)
+            if not value or value == getattr(cfg, f"{role}_model") or (
+                    spec is not None and spec.pypi is not None and spec.role == role):
+                continue  # (a model from PyPI is obtained at the start)
+            try:
+                models.resolve(value, role, cfg.data_dir, fetch=False)
+            except models.ModelError as e:
+                out.append(f"{role}.model: {e}")
+            except Exception as e:  # (a checker's failure is no reason to fail the reload)
+                log.debug("checking %s.model %r: %s", role, value, e)
+        return out
+
     def _holders(self) -> list:
         """Every long-lived part that reads the config: the runtime, the parts the ops read
         (Parts) and each part the runtime or Parts holds that has a `cfg` (engines, embedding,
@@ -337,9 +357,9 @@ class Runtime:
                     and self.embedding.active is None:
                 # its preparation failed (no network, no file yet): a reload tries it again
                 model_note = self.engines.prepare_embedding()
-            for overlap in cfg.overlaps:
-                if overlap not in said:
-                    log.warning("%s", overlap)
+            overlaps = [o for o in cfg.overlaps if o not in said]
+            for overlap in overlaps:
+                log.warning("%s", overlap)
             logging.getLogger("ragd").setLevel(cfg.log_level.upper())
             if self.watcher is not None:
                 self.watcher.quiet = cfg.watch_quiet_ms / 1000
@@ -365,9 +385,12 @@ class Runtime:
                       "removed": removed, "moved": moved, "changed": changed,
                       "renamed": renamed, "missing": missing, "rechunk": rechunk,
                       "applied": applied, "restart_needed": restart, "embedding": model_note,
-                      "engines_retried": retried, "restored": restored}
+                      "engines_retried": retried, "restored": restored,
+                      "overlaps": overlaps}
             if model_error:
                 result["embedding_error"] = model_error
+            if (problems := self._next_start_problems(cfg, new)):
+                result["next_start"] = problems
             log.info("reloaded %s: sources added %s, removed %s, moved %s, changed %s%s%s%s",
                      cfg.path or "built-in defaults", ", ".join(added) or "none",
                      ", ".join(removed) or "none", ", ".join(moved) or "none",

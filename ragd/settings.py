@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ragd.protocol import MAX_K
+
 # What a reload does with a changed setting: apply it at once, say that it needs a restart, or
 # (the embedding model) switch to it without downtime (ragd/index/switch.py).
 LIVE, RESTART, MODEL = "live", "restart", "model"
@@ -81,7 +83,8 @@ SETTINGS: tuple[Setting, ...] = (
       "Files larger than this (bytes) are skipped with that reason.", low=1),
 
     S("search", "k", "search_k", int, 10, LIVE,
-      "Results returned when a request does not say (ragctl search -k).", low=1),
+      "Results returned when a request does not say (ragctl search -k).", low=1,
+      high=MAX_K),
     S("search", "candidates", "search_candidates", int, 100, LIVE,
       "Candidates each ranker (BM25, vectors) contributes before fusion.", low=1),
     S("search", "mode", "search_mode", str, "hybrid", LIVE,

@@ -75,7 +75,9 @@ def test_default_paths(tmp_path):
     ("[daemon]\nmax_connections = 'many'\n", "daemon.max_connections must be an integer, got string"),
     ("[index]\nchunk_tokens = true\n", "index.chunk_tokens must be an integer, got boolean"),
     ("[daemon]\nlog_level = 'loud'\n", "daemon.log_level must be one of"),
-    ("[search]\nk = 0\n", "search.k must be at least 1"),
+    ("[search]\nk = 0\n", "search.k must be between 1 and 1000, got 0"),
+    # (a fresh-user walk: k = 5000 was applied, then every search without -k failed)
+    ("[search]\nk = 5000\n", "search.k must be between 1 and 1000, got 5000"),
     ("[search]\nfusion = 'sum'\n", "search.fusion must be one of 'convex', 'rrf'"),
     ("[search]\nvector_share = 1.5\n", "search.vector_share must be between 0 and 1, got 1.5"),
     ("[store]\nbackend = 'qdrant'\n", "store.backend must be one of sqlite, milvus"),
@@ -86,6 +88,9 @@ def test_default_paths(tmp_path):
     ("[[sources]]\nname = 'n'\npath = '/tmp'\n[[sources]]\nname = 'n'\npath = '/tmp'\n",
      "two sources are named 'n'"),
     ("[[sources]]\nname = 'n'\npath = 'relative/dir'\n", "must be an absolute path"),
+    # one folder as two sources showed every note twice (a fresh-user walk)
+    ("[[sources]]\nname = 'n'\npath = '/tmp'\n[[sources]]\nname = 'n2'\npath = '/tmp/'\n",
+     "sources 'n' and 'n2' are the same folder (/tmp); a folder is one source"),
     ("this is = not toml =\n", "not valid TOML"),
     ("[generator]\ncontext = 300\n", "generator.context must be at least 512, got 300"),
     ("[generator]\ncontext = 1024\nmax_tokens = 1024\n",

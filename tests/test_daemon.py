@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BM25_ONLY, ragctl
+from conftest import BM25_ONLY, ragctl, small_vault
 from ragd import protocol as P
 
 PHRASE = "chrono library reads dates very flexibly"
@@ -482,3 +482,35 @@ def test_status_says_embedding_while_a_batch_is_in_flight():
     assert doing("idle", 0, engines, None) == "idle"
     engines["embedding"]["pending_texts"] = 12
     assert doing("idle", 0, engines, None) == "embedding (12 texts to go)"
+
+
+def test_a_reload_says_what_will_not_work(make_daemon, tmp_path):
+    """A fresh-user walk configured one folder as a second source (every note then came back
+    twice: `sources added`, nothing else said), a folder inside a source (said in status
+    only), and a generator whose file was not there (found at the next start only; `ask` said
+    no generator was configured, as if the setting were not there)."""
+    root = small_vault(tmp_path / "v")
+    (root / "sub").mkdir()
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}])
+    with d:
+        d.wait_idle()
+        text = d.config.read_text()
+        d.config.write_text(text + f'\n[[sources]]\nname = "twice"\npath = "{root}/"\n')
+        with pytest.raises(P.DaemonError) as e:
+            d.call("reload")
+        assert e.value.code == P.BAD_CONFIG and "are the same folder" in e.value.message
+        chat = tmp_path / "chat.gguf"
+        d.config.write_text(text + f'\n[[sources]]\nname = "inner"\npath = "{root / "sub"}"\n'
+                            f'\n[generator]\nmodel = "{chat}"\n')
+        res = d.call("reload")
+        assert res["added"] == ["inner"] and res["restart_needed"] == ["generator.model"]
+        assert [o for o in res["overlaps"] if "'inner'" in o and "inside source 'v'" in o]
+        assert res["next_start"] == [f"generator.model: model file {chat} does not exist"]
+        with pytest.raises(P.DaemonError) as e:
+            d.call("ask", question="what is a kanban board?")
+        assert e.value.code == P.UNAVAILABLE and "takes effect at the next start" in \
+            e.value.message, e.value.message
+        r = ragctl("--config", d.config, "reload")  # the overlap said once, the model until fixed
+        assert r.returncode == 0 and "inside source" not in r.stdout, r.stdout
+        assert f"warning: generator.model: model file {chat} does not exist (its engine will " \
+               f"not start)" in r.stdout, r.stdout

@@ -49,8 +49,8 @@ class SearchOps:
         fresh = self.status.fresh(wait) if wait else None
         k = cfg.search_k if k is None else k
         mode = mode or cfg.search_mode
-        if not 1 <= k <= 1000:
-            raise OpError(P.BAD_ARGS, f"search: 'k' must be between 1 and 1000, got {k}")
+        if not 1 <= k <= P.MAX_K:
+            raise OpError(P.BAD_ARGS, f"search: 'k' must be between 1 and {P.MAX_K}, got {k}")
         if mode not in MODES:
             raise OpError(P.BAD_ARGS, f"search: mode must be one of {', '.join(MODES)}, "
                           f"got {mode!r}")
@@ -120,6 +120,10 @@ class SearchOps:
         answers from the notes found alone, citing them (ragd/search/ask.py). Streams the
         notes used and the answer's text, then the answer with its citations."""
         args.bounded("ask", "question", question)
+        if "generator" not in self.p.engines.configured and \
+                "generator.model" in self.p.restart_needed:
+            raise OpError(P.UNAVAILABLE, "ask: the config's [generator] model takes effect at "
+                          "the next start ('ragctl stop && ragctl start')")
         return ask.ask(self.cmd_search, self.p.cfg, self.p.engines, question, k, max_tokens,
                        sources, path, tag)
 
