@@ -48,6 +48,11 @@ class AnnIndex(MappedChunks):
                                   expansion_search=EXPANSION_SEARCH)
         self._map = FileMap()  # chunk id -> file id (for filters and snapshots)
         self._lock = threading.Lock()
+        # The chunks whose vector here may differ from the graph file this index was loaded
+        # from or last saved to (`based`): a snapshot of few changes lists them beside that
+        # file instead of writing the whole graph again (VectorStore.snapshot)
+        self.dirty: set[int] = set()
+        self.based = False
 
     @classmethod
     def from_rows(cls, dims: int, space: int | None, ids: np.ndarray, files: np.ndarray,
@@ -89,6 +94,7 @@ class AnnIndex(MappedChunks):
             self._ix.add(np.array(ids, dtype=np.uint64), vectors, threads=1)
             for c, f in zip(ids, files):
                 self._map.set(c, f)
+            self.dirty.update(ids)
 
     def remove(self, ids) -> int:
         with self._lock:
@@ -127,6 +133,12 @@ class AnnIndex(MappedChunks):
         with self._lock:
             ids, files = self._map.arrays()
         return ids, files, None
+
+    def dirty_ids(self) -> np.ndarray | None:
+        """The chunks changed since the graph file was loaded or saved (sorted), or None when
+        this index has no such file (built here)."""
+        with self._lock:
+            return np.array(sorted(self.dirty), dtype=np.int64) if self.based else None
 
     def search(self, query: np.ndarray, k: int,
                files: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -190,6 +202,8 @@ class AnnIndex(MappedChunks):
             tmp = path.with_suffix(".tmp")
             self._ix.save(str(tmp))
             tmp.replace(path)
+            self.dirty.clear()
+            self.based = True
 
     @classmethod
     def load(cls, path: Path, dims: int, space: int | None, ids: np.ndarray,
@@ -210,4 +224,5 @@ class AnnIndex(MappedChunks):
             ix.remove(extra.astype(np.uint64))
         a = cls(dims, space, ix)
         a._map = FileMap(ids, files)
+        a.based = True
         return a

@@ -48,6 +48,11 @@ MAX_ATTEMPTS = 3
 # readable), as embed_hash always said; v1 embedded the raw text.
 EMBED_TEXT_VERSION = 2
 SNAPSHOT_EVERY = 600.0  # seconds between snapshots of a matrix that changed
+# A graph snapshot with at most this many chunks changed since the graph file was written
+# lists them beside it (read back from the cache at the next start) instead of writing the
+# graph again: 660 MB at a million chunks, which a stop after a few edits could not write
+# within its 4 s, and the start after it checked every chunk (5.8 s).
+LIGHT_SNAPSHOT_MAX = 5000
 # An int8 graph's first candidates ranked again by their float32 vectors (rescore): each is a
 # read from the cache, and an int8 cosine is off by so little that the true top 10 is among
 # the graph's first 50 (docs/scaling.md); the rest keep their int8 cosines
@@ -407,9 +412,11 @@ class VectorStore:
         cache in one pass. Returns how, and whether the snapshot on disk is behind the matrix.
         A snapshot of every chunk, taken at the chunks' generation of now, is loaded as it
         is: nothing to check, nothing to queue."""
-        if self._load_current(db, space):
+        if (fresh := self._load_current(db, space)) is not None:
             saved = "saved graph" if isinstance(space.vectors, AnnIndex) else "snapshot"
-            return f": all from the {saved} (no chunk changed since it was taken)", False
+            also = (f", {fresh} of them from the cache (changed since the graph file was "
+                    f"written)" if fresh else "")
+            return f": all from the {saved} (no chunk changed since it was taken){also}", False
         gen = store.chunks_gen(db)  # (the caller holds sync: no commit in between)
         cur_ids, cur_files, cur_hashes = store.chunk_keys(db)
         need = np.ones(len(cur_ids), dtype=bool)
@@ -463,29 +470,69 @@ class VectorStore:
             how = f": {kept} {how}, {len(space.vectors) - kept} from the cache"
         return how, stale
 
-    def _load_current(self, db: sqlite3.Connection, space: Space) -> bool:
+    def _load_current(self, db: sqlite3.Connection, space: Space) -> int | None:
         """Load the snapshot as it is when it holds a vector for every chunk and the chunks
-        have not changed since it was taken (their generation, store.chunks_gen); False
-        when it does not, or cannot be read."""
+        have not changed since it was taken (their generation, store.chunks_gen). Returns
+        how many of a light snapshot's changed chunks were read from the cache; None when
+        it is not loaded (not current, or cannot be read)."""
         try:
             meta = json.loads(self._paths(space)["meta"].read_text())
         except (OSError, ValueError):
-            return False
+            return None
         if not (isinstance(meta, dict) and meta.get("complete") is True
                 and meta.get("gen") == store.chunks_gen(db)
                 and meta.get("vectors") == chunk_rows(db)):
-            return False
+            return None
         snap = self._read_snapshot(space, hashes=False)
         if snap is None or len(snap[0]) != meta["vectors"]:
-            return False
+            return None
         ids, files, mat, _ = snap
+        fresh = 0
         if isinstance(mat, AnnIndex):
+            if (fresh := self._refresh(db, space, mat, ids, files)) is None:
+                return None
             space.vectors = mat
         else:
             space.vectors.add(ids.tolist(), mat, files.tolist())
         with space.cv:
             space.todo = OrderedDict()
-        return True
+        return fresh
+
+    def _refresh(self, db: sqlite3.Connection, space: Space, graph: AnnIndex, ids: np.ndarray,
+                 files: np.ndarray) -> int | None:
+        """A light snapshot's changed chunks: their vectors in the graph file are replaced by
+        the cache's, of the text the snapshot recorded. Returns how many; None when one is
+        not in the cache (the start then checks every chunk)."""
+        try:
+            dirty = self._dirty(space)
+            if not len(dirty):
+                return 0
+            hashes = np.load(self._paths(space)["hashes"])
+        except (OSError, ValueError):
+            return None
+        pos = np.minimum(np.searchsorted(ids, dirty), max(len(ids) - 1, 0))
+        pos = pos[ids[pos] == dirty] if len(ids) else pos[:0]  # (changed, then removed)
+        want = [h.decode().rstrip() for h in hashes[pos].tolist()]
+        cached = self._cached_for(db, space, set(want))
+        if len(cached) < len(set(want)):
+            return None
+        graph.remove(dirty.tolist())
+        if len(pos):
+            graph.add(ids[pos].tolist(), self._stack(space, [cached[h] for h in want]),
+                      files[pos].tolist())
+        return len(pos)
+
+    def _dirty(self, space: Space) -> np.ndarray:
+        """The chunks a light snapshot lists as changed since its graph file (empty: none).
+        ValueError when the list is there but cannot be read: then no vector of the graph
+        file can be trusted to be its chunk's."""
+        path = self._paths(space)["dirty"]
+        if not path.exists():
+            return np.zeros(0, np.int64)
+        try:
+            return np.asarray(np.load(path), dtype=np.int64)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"its list of changed chunks cannot be read: {e}") from None
 
     # -- snapshots ----------------------------------------------------------------------------------
 
@@ -494,6 +541,8 @@ class VectorStore:
         out = {k: base.with_name(f"{base.name}.{k}.npy") for k in ("ids", "files", "vectors",
                                                                      "hashes")}
         out["graph"] = base.with_name(f"{base.name}.graph.usearch")
+        # the chunks whose vector in the graph file is not theirs any more (a light snapshot)
+        out["dirty"] = base.with_name(f"{base.name}.dirty.npy")
         # the chunks' generation it was taken at, and whether it holds every chunk's vector
         out["meta"] = base.with_name(f"{base.name}.meta.json")
         return out
@@ -509,6 +558,7 @@ class VectorStore:
                 ids, files, mat = vi.export()
             if not len(ids):
                 return
+            dirty = vi.dirty_ids() if graph else None
             # read while commits wait for sync: a chunk's text changed after the export
             # must not be saved as the text of the vector exported
             gen, total = store.chunks_gen(db), chunk_rows(db)
@@ -520,7 +570,14 @@ class VectorStore:
         paths["meta"].unlink(missing_ok=True)  # (a snapshot half written is not "current")
         arrays = {"ids": ids[keep], "files": files[keep],
                   "hashes": cur_hashes[pos[keep]]}
-        if graph:
+        light = (dirty is not None and len(dirty) <= LIGHT_SNAPSHOT_MAX
+                 and paths["graph"].exists())
+        if light:  # the graph file stays; what changed since is listed first (a stop midway
+            # leaves those chunks dropped from it and read from the cache)
+            tmp = paths["dirty"].with_suffix(".tmp.npy")
+            np.save(tmp, dirty)
+            tmp.replace(paths["dirty"])
+        elif graph:
             vi.save(paths["graph"])
             paths["vectors"].unlink(missing_ok=True)
         elif vi.remote:  # which chunks have a vector, and of which text: nothing else
@@ -533,10 +590,13 @@ class VectorStore:
             tmp = paths[key].with_suffix(".tmp.npy")
             np.save(tmp, arr)
             tmp.replace(paths[key])
+        if not light:  # (the graph written whole: nothing in it is out of date)
+            paths["dirty"].unlink(missing_ok=True)
         kept = int(keep.sum())
         self._write_meta(space, gen, kept, kept == total)
         space.saved_at = time.monotonic()
-        log.debug("space %d: snapshot of %d vectors written", space.id, int(keep.sum()))
+        log.debug("space %d: snapshot of %d vectors written%s", space.id, kept,
+                  f" ({len(dirty)} changed since the graph file)" if light else "")
 
     def _write_meta(self, space: Space, gen: int, vectors: int, complete: bool) -> None:
         path = self._paths(space)["meta"]
@@ -573,6 +633,11 @@ class VectorStore:
                                  self.ann_threshold)
                     return None
                 hs = np.load(paths["hashes"]) if hashes else None
+                if hs is not None and len(dirty := self._dirty(space)):
+                    # changed since the graph file: checked as chunks of another text, so
+                    # dropped from it and read from the cache
+                    hs = hs.copy()
+                    hs[np.isin(ids, dirty)] = b""
                 graph = AnnIndex.load(paths["graph"], space.vectors.dims, space.id, ids, files)
             except (OSError, ValueError, RuntimeError) as e:
                 log.warning("space %d: its saved graph cannot be used (%s); rebuilding",
@@ -584,7 +649,7 @@ class VectorStore:
             return ids, files, graph, hs
         try:
             arrays = {k: np.load(p, mmap_mode="r" if k == "vectors" else None)
-                      for k, p in paths.items() if k not in ("graph", "meta")
+                      for k, p in paths.items() if k not in ("graph", "meta", "dirty")
                       and (hashes or k != "hashes")}
         except (OSError, ValueError):
             return None
