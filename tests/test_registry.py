@@ -96,7 +96,9 @@ def test_a_model_file_that_cannot_serve_its_role_is_refused_before_an_engine_sta
             (RERANK_MODEL, "embedding", "is a reranker (a cross-encoder: it has a "
                                         "classification head), not an embedding model"),
             (EMBED_MODEL, "generator", "is an encoder (bert): it embeds or ranks text"),
-            (RERANK_MODEL, "generator", "is an encoder (bert)")):
+            (RERANK_MODEL, "generator", "is an encoder (bert)"),
+            # (a second walk: MiniLM as the reranker put BM25's 68th result first)
+            (EMBED_MODEL, "reranker", "has no classification head: it is not a reranker")):
         with pytest.raises(models.ModelError) as e:
             models.resolve(str(value), role, tmp_path)
         assert needle in str(e.value), (value, role, str(e.value))

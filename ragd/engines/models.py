@@ -357,6 +357,9 @@ def check_gguf(path: Path, role: str) -> None:
     if role == "embedding" and head:
         raise ModelError(f"{path.name} is a reranker (a cross-encoder: it has a classification "
                          f"head), not an embedding model; it belongs in [reranker] model")
+    if role == "reranker" and not head:  # (scores from no head put weak matches first)
+        raise ModelError(f"{path.name} has no classification head: it is not a reranker "
+                         f"(a cross-encoder); an embedding model belongs in [embedding] model")
     if role == "generator" and (arch in ENCODERS or head):
         raise ModelError(f"{path.name} is an encoder ({arch}): it embeds or ranks text, it "
                          f"cannot write an answer; [generator] model needs a chat model")
