@@ -227,9 +227,9 @@ def resolve(value: str, role: str, data_dir: Path, *, fetch: bool = True,
         path = Path(value).expanduser()
         if not path.is_file():
             raise ModelError(f"model file {path} does not exist")
-        check_gguf(path, role)
+        header = check_gguf(path, role)
         default_pool = {"reranker": "rank", "generator": "none"}.get(role, "mean")
-        context = (gguf_context(path) or 512) if role == "generator" else 512
+        context = (trained_context(header) or 512) if role == "generator" else 512
         return ResolvedModel(path.stem, path.resolve(), role, pooling or default_pool, context,
                              query_prefix or "", doc_prefix or "", 0.0, None)
     if spec is None:
@@ -280,80 +280,111 @@ ENCODERS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "j
                       "neo-bert", "modern-bert", "t5encoder"})
 
 
-_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # by type
+# GGUF metadata value types: the struct format of each scalar (8 a string, 9 an array)
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+                 11: "q", 12: "d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
-def gguf_names(path: Path) -> tuple[str, set[str], list[str]]:
-    """(general.architecture, every metadata key, every tensor name) of a GGUF file (version
-    2 or later), from its header alone. The gguf package reads every value (a tokenizer's
-    vocabulary: half a second a start); this skips them. ValueError when it is not one."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        magic, version, n_tensors, n_keys = struct.unpack_from("<4sIQQ", m, 0)
-        if magic != b"GGUF" or version < 2:
-            raise ValueError(f"not a GGUF file of version 2 or later ({magic!r}, {version})")
-        at = 24
-
-        def string() -> str:
-            nonlocal at
-            (n,) = struct.unpack_from("<Q", m, at)
-            at += 8 + n
-            return m[at - n:at].decode("utf-8", "replace")
-
-        def skip(kind: int, count: int = 1) -> None:
-            nonlocal at
-            if kind == _GGUF_STRING:
-                for _ in range(count):
-                    (n,) = struct.unpack_from("<Q", m, at)
-                    at += 8 + n
-            elif kind == _GGUF_ARRAY:
-                for _ in range(count):
-                    sub, n = struct.unpack_from("<IQ", m, at)
-                    at += 12
-                    skip(sub, n)
-            elif kind in _GGUF_SIZES:
-                at += _GGUF_SIZES[kind] * count
-            else:
-                raise ValueError(f"unknown GGUF value type {kind}")
-
-        keys, arch = set(), ""
-        for _ in range(n_keys):
-            key = string()
-            (kind,) = struct.unpack_from("<I", m, at)
-            at += 4
-            keys.add(key)
-            if key == "general.architecture" and kind == _GGUF_STRING:
-                arch = string()
-            else:
-                skip(kind)
-        tensors = []
-        for _ in range(n_tensors):
-            tensors.append(string())
-            (dims,) = struct.unpack_from("<I", m, at)
-            at += 4 + 8 * dims + 4 + 8  # (shape, type, offset)
-        return arch, keys, tensors
+class NotGGUF(ValueError):
+    """The file does not begin as a GGUF file does."""
 
 
-def check_gguf(path: Path, role: str) -> None:
+@dataclass
+class GGUFHeader:
+    arch: str  # general.architecture
+    keys: set[str]  # every metadata key
+    values: dict[str, object]  # the scalar and string values of the keys asked for
+    tensors: list[str]  # every tensor's name
+
+
+def gguf_header(path: Path, want: tuple[str, ...] = ()) -> GGUFHeader:
+    """A GGUF file's header (version 2 or later): its metadata keys, the values (scalars or
+    strings) of the keys that end with one of `want` (".context_length": the architecture's,
+    whatever it is) and its tensor names. The gguf package's reader decodes every value
+    (a tokenizer's vocabulary: half a second a file); this skips what it is not asked for.
+    NotGGUF when the file is not one; ValueError or struct.error when its header is cut short
+    or of a kind not known here."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            f.seek(0)
+            raise NotGGUF(f"it begins {f.read(4)!r}, not b'GGUF'")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return _read_header(m, ("general.architecture", *want))
+
+
+def _read_header(m, want: tuple[str, ...]) -> GGUFHeader:
+    version, n_tensors, n_keys = struct.unpack_from("<IQQ", m, 4)
+    if version < 2:
+        raise ValueError(f"GGUF version {version} (1 is not read here)")
+    at = 24
+
+    def take(fmt: str):
+        nonlocal at
+        (value,) = struct.unpack_from("<" + fmt, m, at)
+        at += struct.calcsize(fmt)
+        return value
+
+    def string() -> str:
+        nonlocal at
+        n = take("Q")
+        at += n
+        return m[at - n:at].decode("utf-8", "replace")
+
+    def skip(kind: int, count: int = 1) -> None:
+        nonlocal at
+        if kind == _GGUF_STRING:
+            for _ in range(count):
+                n = take("Q")  # (taken first: `at += take(...)` reads `at` before it moves)
+                at += n
+        elif kind == _GGUF_ARRAY:
+            for _ in range(count):
+                sub = take("I")
+                skip(sub, take("Q"))
+        elif kind in _GGUF_SCALARS:
+            at += struct.calcsize(_GGUF_SCALARS[kind]) * count
+        else:
+            raise ValueError(f"unknown GGUF value type {kind}")
+
+    keys, values = set(), {}
+    for _ in range(n_keys):
+        key = string()
+        kind = take("I")
+        keys.add(key)
+        asked = key.endswith(want)
+        if asked and kind == _GGUF_STRING:
+            values[key] = string()
+        elif asked and kind in _GGUF_SCALARS:
+            values[key] = take(_GGUF_SCALARS[kind])
+        else:
+            skip(kind)
+    tensors = []
+    for _ in range(n_tensors):
+        tensors.append(string())
+        dims = take("I")
+        at += 8 * dims + 4 + 8  # (its shape, then its type and offset)
+    return GGUFHeader(str(values.get("general.architecture", "")), keys, values, tensors)
+
+
+def check_gguf(path: Path, role: str) -> GGUFHeader | None:
     """Refuse a file given by path that cannot serve the role, before an engine is started on
     it: not a GGUF at all (the engine failed five times and the switch said "switching"
     forever), a cross-encoder (a classification head) as the embedding model (its vectors
     mean nothing: a switch would have replaced the index's), an encoder as the generator
-    (llama.cpp aborts on it, at every retry). Raises ModelError saying which."""
+    (llama.cpp aborts on it, at every retry). Raises ModelError saying which; returns the
+    header (None when it cannot be read here: the engine will say what is wrong)."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
+        h = gguf_header(path, (".context_length",))
+    except NotGGUF as e:
+        raise ModelError(f"{path} is not a GGUF model file ({e})") from None
     except OSError as e:
         raise ModelError(f"model file {path} cannot be read: {e.strerror or e}") from None
-    if magic != b"GGUF":
-        raise ModelError(f"{path} is not a GGUF model file (it begins {magic!r}, not b'GGUF')")
-    try:
-        arch, keys, tensors = gguf_names(path)
-    except (OSError, ValueError, struct.error) as e:  # the engine will say what is wrong
+    except (ValueError, struct.error) as e:
         log.warning("%s: cannot read the GGUF header: %s", path, e)
-        return
-    head = f"{arch}.classifier.output_labels" in keys or any(
-        t.startswith("cls.") for t in tensors)
+        return None
+    arch = h.arch
+    head = f"{arch}.classifier.output_labels" in h.keys or any(
+        t.startswith("cls.") for t in h.tensors)
     if role == "embedding" and head:
         raise ModelError(f"{path.name} is a reranker (a cross-encoder: it has a classification "
                          f"head), not an embedding model; it belongs in [reranker] model")
@@ -363,20 +394,14 @@ def check_gguf(path: Path, role: str) -> None:
     if role == "generator" and (arch in ENCODERS or head):
         raise ModelError(f"{path.name} is an encoder ({arch}): it embeds or ranks text, it "
                          f"cannot write an answer; [generator] model needs a chat model")
+    return h
 
 
-def gguf_context(path: Path) -> int | None:
-    """The context a GGUF model was trained with (``<architecture>.context_length``), or None
-    when the header does not say."""
-    try:
-        from gguf import GGUFReader
-        reader = GGUFReader(str(path))
-        arch = reader.fields["general.architecture"].contents()
-        field = reader.fields.get(f"{arch}.context_length")
-        return int(field.contents()) if field is not None else None
-    except Exception as e:  # not a GGUF llama.cpp can read: the engine will say why
-        log.warning("%s: cannot read the GGUF header: %s", path, e)
-        return None
+def trained_context(h: GGUFHeader | None) -> int | None:
+    """The context a model was trained with (``<architecture>.context_length``), or None
+    when its header does not say."""
+    value = h.values.get(f"{h.arch}.context_length") if h is not None else None
+    return int(value) if isinstance(value, (int, float)) else None
 
 
 def find_installed_package(src: PyPISource) -> Path | None:
