@@ -91,8 +91,12 @@ def test_a_model_file_that_cannot_serve_its_role_is_refused_before_an_engine_sta
     in status). Each is refused with what the file is; the right roles are taken."""
     text = tmp_path / "README.md"
     text.write_text("# models\n")
+    (empty := tmp_path / "empty.gguf").write_bytes(b"")
+    (junk := tmp_path / "junk.gguf").write_bytes(bytes(range(256)))
     for value, role, needle in (
-            (text, "embedding", "is not a GGUF model file (it begins b'# mo'"),
+            (text, "embedding", "is not a GGUF model file (it is a text file)"),
+            (empty, "embedding", "is not a GGUF model file (it is empty)"),
+            (junk, "embedding", "is not a GGUF model file (it does not begin as one does)"),
             (RERANK_MODEL, "embedding", "is a reranker (a cross-encoder: it has a "
                                         "classification head), not an embedding model"),
             (EMBED_MODEL, "generator", "is an encoder (bert): it embeds or ranks text"),

@@ -308,7 +308,14 @@ def gguf_header(path: Path, want: tuple[str, ...] = ()) -> GGUFHeader:
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             f.seek(0)
-            raise NotGGUF(f"it begins {f.read(4)!r}, not b'GGUF'")
+            start = f.read(512)
+            # What the file is, in words: its first bytes mean nothing to a user. (The cut at
+            # 512 bytes may split one character, hence "replace" and the allowance of one.)
+            text = start.decode("utf-8", errors="replace")
+            texty = text.count("\ufffd") <= 1 and all(c.isprintable() or c in "\n\r\t\ufffd"
+                                                       for c in text)
+            raise NotGGUF("it is empty" if not start else "it is a text file" if texty else
+                          "it does not begin as one does")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             return _read_header(m, ("general.architecture", *want))
 
