@@ -23,33 +23,40 @@ class Fail(Exception):
 
 
 _warned: set[str] = set()
+_unsaid: list[str] = []  # the warning of a config read leniently, said once a daemon answers
 
 
 def _socket(args) -> Path:
     """Where the daemon listens. A config file that is not valid TOML (being edited) still
     names it: a running daemon goes on with the config it read before, and can be asked, told
-    to reload or stopped; ragctl says why it read the file leniently, once."""
+    to reload or stopped; ragctl says why it read the file leniently, once — when a daemon
+    answers (with none, connect says what to fix instead)."""
     def broken(why: str) -> None:
         if why not in _warned:
             _warned.add(why)
-            if getattr(args, "command", None) == "reload":
-                return  # (the daemon's refusal says why, once)
-            print(f"ragctl: warning: {why}. The socket was taken from its [daemon] section "
-                  f"as written; a running ragd goes on with the config it read before (fix "
-                  f"the file, then 'ragctl reload')", file=sys.stderr)
+            if getattr(args, "command", None) != "reload":  # (its refusal says why, once)
+                _unsaid.append(f"ragctl: warning: {why}. The socket was taken from its "
+                               f"[daemon] section as written; the running ragd goes on with "
+                               f"the config it read before (fix the file, then 'ragctl "
+                               f"reload')")
     return P.socket_path(args.socket, args.config, broken=broken)
 
 
 def connect(args, timeout: float | None = 30.0) -> P.Client:
     path = _socket(args)
     try:
-        return P.Client(path, timeout=timeout)
+        client = P.Client(path, timeout=timeout)
     except P.NotRunning:
+        _unsaid.clear()
         if _warned:  # its config is not valid TOML: that is what to fix first
-            raise Fail(f"{sorted(_warned)[0]}; and no ragd answers at {path}", 2)
+            raise Fail(f"{sorted(_warned)[0]}; and no ragd answers at {path} (fix the file, "
+                       f"then 'ragctl start')", 2)
         raise Fail(f"ragd is not running (no daemon at {path}); start it with 'ragctl start'")
     except PermissionError:
         raise Fail(f"permission denied on {path}: is ragd running as another user?")
+    while _unsaid:
+        print(_unsaid.pop(0), file=sys.stderr)
+    return client
 
 
 def call(args, op: str, timeout: float | None = 30.0, **kw):

@@ -278,10 +278,12 @@ def do_stop(args) -> int:
     try:
         result = call(args, "stop")
     except Fail as e:
+        # (not running: the start hint is no answer to a stop; a config to fix first is)
+        message = str(e) if e.code == 2 else str(e).split(";")[0]
         if args.json:
-            print(json.dumps({"running": False, "message": str(e).split(";")[0]}))
-            return 1
-        raise Fail(str(e).split(";")[0])
+            print(json.dumps({"running": False, "message": message}))
+            return e.code
+        raise Fail(message, e.code)
     pid = result["pid"]
     t0 = time.monotonic()
     deadline = t0 + STOP_TIMEOUT
@@ -365,9 +367,9 @@ def do_status(args) -> int:
         for hint in st.get("hints", []):
             print(hint)
         for s in st["sources"]:
-            extra = "".join(f", {s[k]} {k}" for k in ("skipped", "failed") if s[k])
-            files = f"{s['files']:>7} file{'s' if s['files'] != 1 else ' '}"
-            chunks = f"{s['chunks']:>8} chunk{'s' if s['chunks'] != 1 else ' '}"
+            extra = "".join(f", {s[k]:,} {k}" for k in ("skipped", "failed") if s[k])
+            files = f"{s['files']:>7,} file{'s' if s['files'] != 1 else ' '}"
+            chunks = f"{s['chunks']:>9,} chunk{'s' if s['chunks'] != 1 else ' '}"
             print(f"  {s['name']:<20} {files} {chunks}{extra}  {s['kind']}  {s['path']}")
             watched = "watched" if s.get("watched") else "not watched"
             print(f"    {watched}, index lag {_ago(s.get('lag_s') or 0.0)}"
@@ -395,7 +397,7 @@ def do_status(args) -> int:
                 share = 100 * min(e["vectors"], chunks) / chunks if chunks else 0.0
                 share = min(share, 99.0) if todo else share
                 pct = f" ({share:.0f}%)" if chunks else ""
-                line += f"  {e['vectors']} vectors{pct}, {left} ({e['embedder']})"
+                line += f"  {e['vectors']:,} vectors{pct}, {left} ({e['embedder']})"
             if role == "generator" and e.get("context"):
                 line += f"  context {e['context']}"
             print(line)
@@ -407,7 +409,7 @@ def do_status(args) -> int:
                       f"('ragctl models use --cancel' gives up the switch)")
             elif sw:
                 eta = f", ~{sw['eta_s'] / 60:.0f} min left" if sw.get("eta_s") else ""
-                print(f"    switching to {sw['to']}: {sw['vectors']}/{sw['chunks']} chunks "
+                print(f"    switching to {sw['to']}: {sw['vectors']:,}/{sw['chunks']:,} chunks "
                       f"({100 * sw['progress']:.0f}%){eta}; {sw['from']} answers meanwhile "
                       f"('ragctl models use --cancel' stops it)")
             for note in (e.get("space_note"), e.get("reason")):

@@ -199,6 +199,13 @@ def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_pat
         assert d.proc.wait(30) == 0
         out, err = stop.communicate(timeout=30)
         assert stop.returncode == 0 and "ragd stopped" in out, err
+    # no daemon and the file still broken: one line on what to fix, not a warning that a
+    # running ragd goes on (none does) and then a failure
+    for cmd in ("status", "stop"):
+        r = ragctl("--config", cfg, cmd)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (cmd, r.stderr)
+        assert "not valid TOML" in r.stderr and "no ragd answers" in r.stderr, r.stderr
+        assert "reload" not in r.stderr and "ragctl start" in r.stderr, r.stderr
 
 
 @pytest.mark.slow
