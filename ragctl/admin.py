@@ -95,19 +95,24 @@ def _remove_source(args, name: str) -> int:
     path = configfile.target(args.config, call(args, "status").get("config") if running else None)
     before = path.read_text(encoding="utf-8") if path.exists() else None
     try:
+        listed = configfile.sources(path)
         name = configfile.remove_source(path, name)
+        folder = next((s["path"] for s in listed if s["name"] == name), None)
     except configfile.ConfigFileError as e:
         raise Fail(str(e), 2)
     print(f"removed source {name!r} from {path}")
+    nested = folder and configfile.nested_in(path, str(folder))
     if running:
         try:
             call(args, "reload", timeout=60)
         except P.DaemonError as e:
             configfile.restore(path, before)
             raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was")
-        print("ragd no longer searches it; its index rows are set aside for the GC grace "
-              "period, as its embeddings stay cached: added back under this name within it, it "
-              "returns as it was, and under any name it embeds nothing")
+        how = (f" (its folder overlaps the source {nested!r}, so 'ragctl sources add' refuses "
+               f"it: add its table back to {path} by hand)" if nested else "")
+        print(f"ragd no longer searches it; its index rows are set aside for the GC grace "
+              f"period, as its embeddings stay cached: added back under this name within "
+              f"it{how}, it returns as it was, and under any name it embeds nothing")
     return 0
 
 
@@ -198,6 +203,8 @@ def models_lines(res: dict) -> list[str]:
                      + (f"  [{check}]" if check else ""))
     for role, value in res["configured"].items():
         lines.append(f"configured {role}: {value or '(none)'}")
+    for problem in res.get("config_problems") or ():
+        lines.append(f"warning: the config file's {problem}")
     return lines
 
 
@@ -230,8 +237,12 @@ def _use(args) -> int:
         raise Fail(f"ragd refused the new config ({e.message}); {path} is left as it was")
     if res.get("embedding_error"):  # ragd keeps the model in use: so does the config file
         configfile.restore(path, before)
+        try:  # (and ragd hears it: else its status warns of the file's refused model)
+            call(args, "reload", timeout=120)
+        except P.DaemonError:
+            pass
         raise Fail(f"{value} cannot be used: {res['embedding_error']}; the model in use stays "
-                   f"and {path} is left as it was")
+                   f"and {path} is left as it was", 2)
     note = res.get("embedding") or "unchanged"
     emit(args, {"config": str(path), "model": value, "embedding": note},
          lambda r: print(f"[embedding] model = {value!r} in {path}: {note}"))
@@ -251,7 +262,7 @@ def _switch_progress(args) -> None:
                     print(f"\rswitch done: {e.get('model')} answers now{'':<60}")
                     return
                 eta = f", ~{sw['eta_s'] / 60:.0f} min left" if sw.get("eta_s") else ""
-                print(f"\rswitching {sw['from']} -> {sw['to']}: {sw['vectors']}/{sw['chunks']} "
+                print(f"\rswitching {sw['from']} -> {sw['to']}: {sw['vectors']:,}/{sw['chunks']:,} "
                       f"chunks ({100 * sw['progress']:.0f}%){eta}; {sw['from']} answers "
                       f"meanwhile   ", end="", flush=True)
                 time.sleep(1)

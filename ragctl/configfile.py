@@ -69,6 +69,18 @@ def _resolved(a: str) -> Path | None:
         return None
 
 
+def nested_in(path: Path, folder: str) -> str | None:
+    """The name of a source of the config file whose folder holds `folder` or is inside it:
+    `add_source` refuses such a folder, so a source removed from there comes back by hand."""
+    mine = _resolved(folder)
+    for s in sources(path):
+        other = _resolved(str(s.get("path") or ""))
+        if mine is not None and other is not None and (
+                mine.is_relative_to(other) or other.is_relative_to(mine)):
+            return str(s.get("name"))
+    return None
+
+
 def _same_folder(a: str, b: Path) -> bool:
     return _resolved(a) == b
 

@@ -509,8 +509,17 @@ def test_a_reload_says_what_will_not_work(make_daemon, tmp_path):
         with pytest.raises(P.DaemonError) as e:
             d.call("ask", question="what is a kanban board?")
         assert e.value.code == P.UNAVAILABLE and "takes effect at the next start" in \
-            e.value.message, e.value.message
+            e.value.message and "it cannot serve: model file" in e.value.message, \
+            e.value.message
+        # said until a reload no longer names it, not only in that reload's reply
+        assert [h for h in d.call("status")["hints"] if "generator.model: model file" in h]
         r = ragctl("--config", d.config, "reload")  # the overlap said once, the model until fixed
         assert r.returncode == 0 and "inside source" not in r.stdout, r.stdout
         assert f"warning: generator.model: model file {chat} does not exist (its engine will " \
                f"not start)" in r.stdout, r.stdout
+        # removed, the inner source is not promised a way back that `sources add` refuses
+        r = ragctl("--config", d.config, "sources", "remove", "inner")
+        assert r.returncode == 0 and "overlaps the source 'v'" in r.stdout and \
+            "by hand" in r.stdout, r.stdout
+        r = ragctl("--config", d.config, "sources", "add", str(root / "sub"), "--name", "inner")
+        assert r.returncode == 2 and "is inside the source 'v'" in r.stderr, r.stderr

@@ -154,11 +154,15 @@ def test_models_use_and_cancel(make_daemon, tmp_path, second_embedding_model):
         assert f'model = "{second_embedding_model}"' in d.config.read_text()
         r = ragctl("--config", d.config, "status")
         assert "switching to" in r.stdout, r.stdout
+        logs = tmp_path / "data" / "engines"
+        assert (logs / "embedding-next.log").exists()
         r = ragctl("--config", d.config, "models", "use", "--cancel")
         assert r.returncode == 0 and "cancelled" in r.stdout, r.stdout + r.stderr
         assert f'model = "{EMBED_MODEL}"' in d.config.read_text()
         e = d.call("status")["engines"]["embedding"]
         assert "switch" not in e and e["space"] == s1
+        # the cancelled engine's log went with it: the logs left are of engines that run
+        assert sorted(p.name for p in logs.glob("*.log")) == ["embedding.log", "query.log"]
         r = d.call("search", query="custom statuses", mode="hybrid")
         assert r["vector_space"] == s1 and not r["degraded"]
 
@@ -177,8 +181,10 @@ def test_a_model_that_cannot_be_used_is_refused_and_a_failed_one_is_replaced_liv
     """The README's remedy for a first start without network (the default model cannot be
     fetched): `ragctl models use FILE.gguf`. It starts that model at once — before, the failed
     model stayed failed until a restart, and the reply said "still starting". A model that
-    cannot be used is refused: exit 1, the config file left as it was (it was written, and
-    broke vectors at the next start), the model in use kept."""
+    cannot be used is refused: exit 2 (a command line ragctl cannot use, as the README says),
+    the config file left as it was (it was written, and broke vectors at the next start), the
+    model in use kept. Refused by a plain reload, status and `models` say so until a reload
+    no longer names it (a fresh-user walk: said by that reload's reply only)."""
     root = small_vault(tmp_path / "v")
     missing = tmp_path / "not-there.gguf"
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
@@ -190,7 +196,7 @@ def test_a_model_that_cannot_be_used_is_refused_and_a_failed_one_is_replaced_liv
         before = d.config.read_text()
         for bad in (str(tmp_path / "nor-this.gguf"), "no-such-model"):
             r = ragctl("--config", d.config, "models", "use", bad)
-            assert r.returncode == 1 and "cannot be used" in r.stderr, r.stdout + r.stderr
+            assert r.returncode == 2 and "cannot be used" in r.stderr, r.stdout + r.stderr
             assert "left as it was" in r.stderr and d.config.read_text() == before
         assert d.call("status")["engines"]["embedding"]["model"] == str(missing)
         r = ragctl("--config", d.config, "models", "use", str(EMBED_MODEL))
@@ -209,11 +215,28 @@ def test_a_model_that_cannot_be_used_is_refused_and_a_failed_one_is_replaced_liv
                          (RERANK_MODEL, "is a reranker")):
             before = d.config.read_text()
             r = ragctl("--config", d.config, "models", "use", str(bad))
-            assert r.returncode == 1 and d.config.read_text() == before
+            assert r.returncode == 2 and d.config.read_text() == before
             assert why in r.stderr, r.stderr
-            e2 = d.call("status")["engines"]["embedding"]
+            st = d.call("status")
+            e2 = st["engines"]["embedding"]
             assert e2["model_path"] == str(EMBED_MODEL) and e2["space"] == e["space"]
             assert "switch" not in e2
+            assert not [h for h in st["hints"] if "embedding.model" in h], st["hints"]
+        good = d.config.read_text()
+        d.config.write_text(good.replace(str(EMBED_MODEL), str(readme)))
+        res = d.call("reload")
+        assert "is not a GGUF model file" in res["embedding_error"]
+        hint = [h for h in d.call("status")["hints"] if "embedding.model" in h]
+        assert len(hint) == 1 and "is not a GGUF model file" in hint[0] and \
+            "the model in use stays" in hint[0], hint
+        r = ragctl("--config", d.config, "models")
+        assert r.returncode == 0 and "warning: the config file's embedding.model" in r.stdout
+        r = ragctl("--config", d.config, "status")
+        assert "is not a GGUF model file" in r.stdout, r.stdout
+        d.config.write_text(good)
+        d.call("reload")
+        assert not [h for h in d.call("status")["hints"] if "embedding.model" in h]
+        assert not d.call("models")["config_problems"]
 
 
 def test_a_model_that_failed_to_prepare_is_tried_again_by_a_reload(make_daemon, tmp_path):

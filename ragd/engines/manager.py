@@ -293,11 +293,18 @@ class Engines:
                 self.query_engine.start()
 
     def drop_next(self) -> None:
-        """The switch is cancelled: the new model's engine stops."""
+        """The switch is cancelled: the new model's engine stops, and its log goes (named as
+        no engine that runs is, it was left behind to puzzle whoever lists the folder; why a
+        stalled switch failed was said by status before the cancel)."""
         with self._lock:
             engine, self.next_engine, self.next_model = self.next_engine, None, None
         if engine is not None:
             engine.stop()
+            for path in (engine.log_path, engine.log_path.with_name(engine.log_path.name + ".1")):
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as e:
+                    log.debug("%s: %s", path, e)
 
     def unavailable(self, role: str) -> str | None:
         """Why the role cannot serve right now (None when it can, or is simply starting)."""

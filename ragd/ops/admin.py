@@ -128,7 +128,8 @@ class AdminOps:
         configured = {"embedding": self.p.cfg.embedding_model, "reranker": self.p.cfg.reranker_model,
                       "generator": self.p.cfg.generator_model}
         return {"models": models.list_models(self.p.cfg.data_dir), "configured": configured,
-                "dir": str(models.models_dir(self.p.cfg.data_dir))}
+                "dir": str(models.models_dir(self.p.cfg.data_dir)),
+                "config_problems": self.p.config_problems}
 
     def cmd_models_pull(self, name: str):
         """Fetch a registry model, or any OWNER/REPO/FILE.gguf from the hub. Streams
@@ -188,6 +189,10 @@ class AdminOps:
             raise e from None
         self.p.reload_failed = None
         self.p.restart_needed = list(res.get("restart_needed") or [])
+        problems = [f"embedding.model: {res['embedding_error']}; the model in use stays"
+                    ] if res.get("embedding_error") else []
+        self.p.config_problems = problems + [f"{p}; it cannot serve at the next start"
+                                             for p in res.get("next_start") or ()]
         return res
 
     def cmd_stop(self) -> dict:

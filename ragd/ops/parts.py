@@ -37,6 +37,10 @@ class Parts:
     # last reload's)
     restart_needed: list[str] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)  # found at start, shown in status' hints
+    # why a model the config file names cannot serve (the last reload's: a refused embedding
+    # model, a reranker or generator for the next start): said until a reload clears it, not
+    # only in that reload's reply
+    config_problems: list[str] = field(default_factory=list)
 
     @property
     def events(self):

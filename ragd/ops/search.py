@@ -122,8 +122,11 @@ class SearchOps:
         args.bounded("ask", "question", question)
         if "generator" not in self.p.engines.configured and \
                 "generator.model" in self.p.restart_needed:
+            why = [p.split("; it cannot")[0].removeprefix("generator.model: ")
+                   for p in self.p.config_problems if p.startswith("generator.model:")]
             raise OpError(P.UNAVAILABLE, "ask: the config's [generator] model takes effect at "
-                          "the next start ('ragctl stop && ragctl start')")
+                          "the next start ('ragctl stop && ragctl start')" + (
+                              f", and it cannot serve: {why[0]}" if why else ""))
         return ask.ask(self.cmd_search, self.p.cfg, self.p.engines, question, k, max_tokens,
                        sources, path, tag)
 

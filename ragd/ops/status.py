@@ -89,6 +89,8 @@ class StatusOps:
             hints.insert(0, f"the config changes {', '.join(self.p.restart_needed)}, which "
                             f"take{'s' if n == 1 else ''} effect at the next start "
                             f"('ragctl stop && ragctl start')")
+        for problem in reversed(self.p.config_problems):
+            hints.insert(0, f"the config file's {problem}")
         if self.p.reload_failed:
             hints.insert(0, self.p.reload_failed)
         per_source = []
