@@ -310,9 +310,15 @@ def test_changes_while_stopped_are_picked_up_on_start(make_daemon, tmp_path):
         d.wait_idle()
     (vault / "new note.md").write_text("# Zebra crossing\n\nThe quokka sat by the zebra crossing.\n")
     os.remove(vault / NOTE)
+    # renamed while stopped: the scan finds it by its content's hash, a move (not read into
+    # chunks again)
+    renamed = sorted(p for p in vault.glob("*.md") if p.name not in (NOTE, "new note.md"))[0]
+    renamed.rename(vault / "Renamed while stopped.md")
     with d:
         st = d.wait_idle()
         assert st["totals"]["files_indexed"] == 1 and st["totals"]["files_removed"] == 1
+        assert st["totals"]["files_moved"] == 1
+        assert d.call("get", path=str(vault / "Renamed while stopped.md"))["path"]
         hits = d.call("search", query="quokka", k=3)["results"]
         assert hits[0]["path"] == str(vault / "new note.md") and hits[0]["line_start"] == 3
         hits = d.call("search", query=PHRASE, k=10)["results"]

@@ -63,22 +63,24 @@ class Scans:
             return
         if state.last_error and "is missing" in state.last_error:
             state.last_error = None  # it is back
-        known = store.file_rows(self._db, name)
+        known = store.file_stats(self._db, name)
         listing = sources.scan(src)
         on_disk = listing.files
         self._note_unlisted(src, state, listing)
-        changed = [rel for rel, seen in on_disk.items()
-                   if force or rel not in known or known[rel].size != seen.size
-                   or known[rel].mtime_ns != seen.mtime_ns]
+        known_rels = {k[0] for k in known}
+        changed = list(on_disk) if force else [s.relpath for s in
+                                               set(on_disk.values()).difference(known)]
         # The most recently modified first: people search what they work on, and during a
         # first index the notes indexed (and embedded) first are the ones found first.
         changed.sort(key=lambda rel: -on_disk[rel].mtime_ns)
         # Only what a listing that succeeded shows gone is gone.
-        gone_rels = {rel for rel in known.keys() - on_disk.keys() if listing.covers(rel)}
-        new_rels = [rel for rel in changed if rel not in known]
+        gone = store.file_rows_of(self._db, name, [
+            rel for rel in known_rels.difference(on_disk) if listing.covers(rel)])
+        gone_rels = set(gone)
+        new_rels = [rel for rel in changed if rel not in known_rels]
         if gone_rels and new_rels:  # renamed or moved while we were not watching?
-            by_hash = {known[rel].hash: rel for rel in gone_rels
-                       if known[rel].hash and known[rel].status == "indexed"}
+            by_hash = {gone[rel].hash: rel for rel in gone_rels
+                       if gone[rel].hash and gone[rel].status == "indexed"}
             for rel in new_rels:
                 try:
                     h = sources.read_bytes(src.root / rel, self.cfg.max_file_bytes,
@@ -96,7 +98,7 @@ class Scans:
             store.begin(self._db, self._stop)
             try:
                 for rel in gone_rels:
-                    store.delete_file(self._db, known[rel].id, changes)
+                    store.delete_file(self._db, gone[rel].id, changes)
                     self._emit("removed", name, rel)
                 self._commit(changes)
             except BaseException:

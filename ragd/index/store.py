@@ -246,14 +246,24 @@ class Changes:
         self.add(other._added.values())
 
 
-def file_rows(db: sqlite3.Connection, source: str) -> dict[str, FileRow]:
-    rows = db.execute("SELECT id, source, relpath, size, mtime_ns, hash, status, reason, "
-                      "indexed_at FROM files WHERE source = ?", (source,))
+def file_stats(db: sqlite3.Connection, source: str) -> set[tuple[str, int, int]]:
+    """(relpath, size, mtime_ns) of each file of a source: what a scan compares with."""
+    return {(r if type(r) is str else fs_rel(r), size, mtime)
+            for r, size, mtime in db.execute("SELECT relpath, size, mtime_ns FROM files "
+                                             "WHERE source = ?", (source,))}
+
+
+def file_rows_of(db: sqlite3.Connection, source: str, rels) -> dict[str, FileRow]:
+    """The rows of these files of a source (those a scan found gone)."""
     out = {}
-    for r in rows:
-        row = FileRow(*r)
-        row.relpath = fs_rel(row.relpath)
-        out[row.relpath] = row
+    for rel in rels:
+        r = db.execute("SELECT id, source, relpath, size, mtime_ns, hash, status, reason, "
+                       "indexed_at FROM files WHERE source = ? AND relpath = ?",
+                       (source, db_rel(rel))).fetchone()
+        if r is not None:
+            row = FileRow(*r)
+            row.relpath = rel
+            out[rel] = row
     return out
 
 
