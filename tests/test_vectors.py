@@ -80,6 +80,48 @@ def test_the_graph_answers_like_the_matrix_and_follows_edits(tmp_path, make_daem
     back = AnnIndex.load(tmp_path / "g.usearch", vecs.shape[1], 1, k_ids, k_files, dtype)
     assert len(back) == len(ann)
     assert back.search(vecs[40], 5)[0].tolist() == ann.search(vecs[40], 5)[0].tolist()
+    # the loaded graph is mapped from its file and cannot change (usearch crashes on a
+    # removal from a mapped graph): edits go beside it, and answers follow them
+    assert back._base is not None
+    for g in (ann, back):
+        g.remove(ids[50:60].tolist())  # removed
+        g.add(ids[60:70].tolist(), vecs[70:80], files[70:80].tolist())  # replaced
+        g.add(ids[60:62].tolist(), vecs[80:82], files[80:82].tolist())  # replaced twice
+    assert len(back) == len(ann) and ids[55] not in back and ids[65] in back
+    for q in (vecs[75], vecs[81], vecs[55], vecs[3]):
+        a, b = ann.search(q, 10), back.search(q, 10)
+        assert a[0].tolist() == b[0].tolist() and np.allclose(a[1], b[1], atol=1e-5)
+        assert not set(b[0].tolist()) & set(ids[50:60].tolist())
+    def top(g, q):  # the chunks of the best cosine (others may hold the same text)
+        found, sims = g.search(q, 10)
+        return set(found[sims >= sims[0] - 1e-3].tolist())
+
+    assert int(ids[61]) in top(back, vecs[81]) and int(ids[61]) not in top(back, vecs[61])
+    assert back.get([int(ids[61]), int(ids[0]), int(ids[90])])[0] == [int(ids[61]),
+                                                                       int(ids[90])]
+    assert np.allclose(back.get([int(ids[61])])[1], ann.get([int(ids[61])])[1], atol=1e-6)
+    some = np.unique(files)[3:5]  # a filter, and the graph path of a filter too
+    assert back.search(vecs[90], 5, some)[0].tolist() == ann.search(vecs[90], 5, some)[0].tolist()
+    assert back.nearest_to_any(vecs[70:72], 5) == ann.nearest_to_any(vecs[70:72], 5)
+    # saved: merged into a new file, mapped in turn; the same answers
+    back.save(tmp_path / "g2.usearch")
+    k_ids, k_files, _ = back.export_keys()
+    again = AnnIndex.load(tmp_path / "g2.usearch", vecs.shape[1], 1, k_ids, k_files, dtype)
+    assert len(again) == len(ann) and not again._dead and not len(again._ix)
+    for q in (vecs[75], vecs[81], vecs[3]):  # (a graph built otherwise: ties may swap)
+        (a, sa), (b, sb) = again.search(q, 10), ann.search(q, 10)
+        assert np.allclose(sa, sb, atol=1e-3) and len(set(a.tolist()) & set(b.tolist())) >= 9
+    assert int(ids[61]) in top(again, vecs[81])
+    # most of the mapped graph removed (a source removed): what is left, exactly
+    left = [int(i) for i in k_ids[:25]]
+    again.remove([int(i) for i in k_ids[25:]])
+    assert again._dead and len(again) == 25
+    rest = VectorIndex(vecs.shape[1])
+    found, got = ann.get(left)
+    rest.add(found, got, [0] * len(found))
+    for q in (vecs[3], vecs[200 % len(vecs)]):
+        (a, sa), (e, se) = again.search(q, 5), rest.search(q, 5)
+        assert np.allclose(sa, se, atol=2e-3) and set(a.tolist()) <= set(left)
 
 
 def test_the_daemon_moves_to_a_graph_past_its_threshold_and_restarts_from_snapshots(
