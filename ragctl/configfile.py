@@ -69,16 +69,22 @@ def _resolved(a: str) -> Path | None:
         return None
 
 
+def _overlap(tables, folder: Path) -> tuple[dict, Path, bool] | None:
+    """The first source table whose folder holds `folder` (True: folder is inside it) or is
+    inside it (False), with that folder: its files would be indexed twice."""
+    for s in tables:
+        other = _resolved(str(s.get("path") or ""))
+        if other is not None and (folder.is_relative_to(other) or other.is_relative_to(folder)):
+            return s, other, folder.is_relative_to(other)
+    return None
+
+
 def nested_in(path: Path, folder: str) -> str | None:
     """The name of a source of the config file whose folder holds `folder` or is inside it:
     `add_source` refuses such a folder, so a source removed from there comes back by hand."""
     mine = _resolved(folder)
-    for s in sources(path):
-        other = _resolved(str(s.get("path") or ""))
-        if mine is not None and other is not None and (
-                mine.is_relative_to(other) or other.is_relative_to(mine)):
-            return str(s.get("name"))
-    return None
+    found = _overlap(sources(path), mine) if mine is not None else None
+    return str(found[0].get("name")) if found else None
 
 
 def _same_folder(a: str, b: Path) -> bool:
@@ -113,18 +119,17 @@ def add_source(path: Path, folder: Path, name: str | None = None,
     for s in existing:
         if _same_folder(str(s.get("path", "")), folder):
             return str(s.get("name")), False
-    for s in existing:  # a folder inside another source, or holding one: its files twice
-        other = _resolved(str(s.get("path", "")))
-        if other is not None and folder.is_relative_to(other):
+    if found := _overlap(existing, folder):  # inside another source, or holding one
+        s, other, inside = found
+        if inside:
             raise ConfigFileError(
                 f"{folder} is inside the source {s.get('name')!r} ({other}): its files are "
                 f"indexed already, and would be found twice. To index it apart (other rules), "
                 f"exclude it from {s.get('name')!r} in {path} and add its table by hand")
-        if other is not None and other.is_relative_to(folder):
-            raise ConfigFileError(
-                f"{folder} holds the source {s.get('name')!r} ({other}): its files would be "
-                f"indexed, and found, twice. Remove that source first: ragctl sources remove "
-                f"{s.get('name')}")
+        raise ConfigFileError(
+            f"{folder} holds the source {s.get('name')!r} ({other}): its files would be "
+            f"indexed, and found, twice. Remove that source first: ragctl sources remove "
+            f"{s.get('name')}")
     name = name or folder.name or "source"
     if "/" in name or not name.strip():
         raise ConfigFileError(f"a source name must be non-empty and without '/': {name!r}")
