@@ -45,6 +45,16 @@ EXACT_BELOW = 20000  # a filter leaving at most this many chunks: ranked exactly
 DTYPE = "i8"
 
 
+def _exactly(keys: np.ndarray, vecs: np.ndarray, q: np.ndarray, k: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk ids, cosines) of the k best of these unit vectors, best first."""
+    if not len(keys):
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    sims = vecs @ q
+    top = np.argsort(-sims)[:k]
+    return keys[top], sims[top].astype(np.float32)
+
+
 class AnnIndex(MappedChunks):
     def __init__(self, dims: int, space: int | None = None, index: Index | None = None,
                  dtype: str = DTYPE):
@@ -180,12 +190,10 @@ class AnnIndex(MappedChunks):
                 self._live = np.setdiff1d(np.asarray(self._base.keys, dtype=np.int64),
                                           np.fromiter(self._dead, np.int64, len(self._dead)))
             if len(self._live):
-                vecs = self._float32(self._base.get(self._live.astype(np.uint64)),
-                                     len(self._live))
-                sims = vecs @ q
-                top = np.argsort(-sims)[:k]
-                keys.append(self._live[top])
-                dists.append((1.0 - sims[top]).astype(np.float32))
+                found, sims = _exactly(self._live, self._float32(
+                    self._base.get(self._live.astype(np.uint64)), len(self._live)), q, k)
+                keys.append(found)
+                dists.append(1.0 - sims)
             n = 0
         while n:  # the mapped graph: asked for more while its removed keys crowd its answer
             m = self._base.search(q, min(want + len(self._dead) if len(self._dead) < 64
@@ -245,11 +253,7 @@ class AnnIndex(MappedChunks):
                 chosen = None
         if chosen is not None:
             found, vecs = self.get(chosen.tolist())  # few: exactly
-            if not found:
-                return np.empty(0, np.int64), np.empty(0, np.float32)
-            scores = vecs @ q
-            top = np.argsort(-scores)[:k]
-            return np.array(found, dtype=np.int64)[top], scores[top].astype(np.float32)
+            return _exactly(np.array(found, dtype=np.int64), vecs, q, k)
         allowed = set(np.asarray(files).tolist())
         want = k
         while True:  # many: ask the graph for more, keep those of the files
