@@ -9,10 +9,9 @@ vectors
 removes keys), adding is incremental, and the graph is saved to disk and mapped back at start,
 so neither an edit nor a restart rebuilds it.
 
-A saved graph is mapped from its file (usearch's view), not read into memory: a start takes no
-time for it (reading a million chunks' graph held the interpreter lock 0.5-1.6 s, while the
-start-up scan waited), and its 650 MB are pages of a file the kernel may drop and read again,
-not the daemon's own memory. A mapped graph cannot change (usearch crashes on a removal from
+A saved graph is mapped from its file (usearch's view), not read into memory: reading it holds
+the interpreter lock while the start-up scan waits, and mapped, its pages are a file's, which
+the kernel may drop and read again, not the daemon's own memory. A mapped graph cannot change (usearch crashes on a removal from
 a view): the chunks added or replaced since go to a small graph in memory (`_ix`), those
 removed or replaced are left out of the mapped one's answers (`_dead`), and a search asks
 both. Saving merges them into a new file, which is mapped in turn.
