@@ -22,6 +22,10 @@ class Fail(Exception):
         self.code = code
 
 
+class Down(Fail):
+    """No ragd answers at the socket (and its config is not what to fix first)."""
+
+
 _warned: set[str] = set()
 _unsaid: list[str] = []  # the warning of a config read leniently, said once a daemon answers
 
@@ -51,7 +55,7 @@ def connect(args, timeout: float | None = 30.0) -> P.Client:
         if _warned:  # its config is not valid TOML: that is what to fix first
             raise Fail(f"{sorted(_warned)[0]}; and no ragd answers at {path} (fix the file, "
                        f"then 'ragctl start')", 2)
-        raise Fail(f"ragd is not running (no daemon at {path}); start it with 'ragctl start'")
+        raise Down(f"ragd is not running (no daemon at {path}); start it with 'ragctl start'")
     except PermissionError:
         raise Fail(f"permission denied on {path}: is ragd running as another user?")
     while _unsaid:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ragd import protocol as P
-from ragctl.client import Fail, _interactive, _ping, _socket, call, emit
+from ragctl.client import Down, Fail, _interactive, _ping, _socket, call, emit
 from ragctl.render import _ago, _count, _one_line
 
 
@@ -277,13 +277,19 @@ def _alive(pid: int) -> bool:
 def do_stop(args) -> int:
     try:
         result = call(args, "stop")
-    except Fail as e:
-        # (not running: the start hint is no answer to a stop; a config to fix first is)
-        message = str(e) if e.code == 2 else str(e).split(";")[0]
+    except Down as e:
+        # Nothing to stop is what a stop asks for: exit 0, as systemctl stop does, so that
+        # `ragctl stop && ragctl start` (the README's restart) starts a ragd that was not
+        # running. (The start hint is no answer to a stop.)
+        message = str(e).split(";")[0]
+        emit(args, {"running": False, "stopped": False, "message": message},
+             lambda r: print(f"{message}: nothing to stop"))
+        return 0
+    except Fail as e:  # a config to fix first, or a socket ragctl may not use
         if args.json:
-            print(json.dumps({"running": False, "message": message}))
+            print(json.dumps({"running": False, "message": str(e)}))
             return e.code
-        raise Fail(message, e.code)
+        raise
     pid = result["pid"]
     t0 = time.monotonic()
     deadline = t0 + STOP_TIMEOUT
