@@ -83,6 +83,39 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def rss_parts_mb(pid: int) -> dict[str, float]:
+    """A process's RSS by kind: anon (its own memory), file (pages of mapped files, which the
+    kernel can drop and read again) and shmem, in MB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                name, kb = line.split()[:2]
+                out[name[3:-1].lower()] = round(int(kb) / 1024, 1)
+    return out
+
+
+def evict(*roots: Path) -> int:
+    """Ask the kernel to drop every file under these folders (or these files) from the page
+    cache (posix_fadvise DONTNEED): the nearest a user without root comes to a machine that
+    has not read them for hours. Pages a running process maps stay. Returns the files seen."""
+    n = 0
+    for root in roots:
+        for f in ([root] if root.is_file() else root.rglob("*")):
+            try:
+                if not f.is_file() or f.is_symlink():
+                    continue
+                fd = os.open(f, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                n += 1
+            finally:
+                os.close(fd)
+    return n
+
+
 def children(pid: int) -> list[int]:
     """Direct children of a process (the engines of a daemon)."""
     out = []

@@ -15,9 +15,12 @@ Building (skipped when --keep holds a built index of that size):
 
 Measured on the running daemon (BM25 + embedding engine, watching the source):
 - start_s: from starting ragd to ready (engine up, vectors loaded, the scan done) — a restart;
-  the median of the measured run and --restarts more (all in start_s_runs);
+  the median of the measured run and --restarts more (all in start_s_runs); and
+  --cold-restarts more, each after dropping the index, the source, the model and the Python
+  libraries from the page cache (start_cold_s_runs): a restart after hours idle;
 - idle: CPU of the daemon and its engine over --idle-seconds while nothing happens (% of a
-  core), and its RSS;
+  core), and its RSS (rss_parts_mb: anon, the daemon's own memory; file, pages of the mapped
+  graph and text index, which the kernel drops and reads again as it needs);
 - status: latency of the status op over the socket (p50, p95 of 200 calls);
 - queries: hybrid, vector and BM25 over the socket back to back, next to the raw engine
   embedding the same queries back to back (its fastest thread count), hybrid again once
@@ -38,14 +41,15 @@ import re
 import shutil
 import statistics
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from common import (EMBED_MODEL, SHARED, VAULTS, Daemon, children, cpu_seconds, pct,
-                    quiet_config, ready, rss_mb, save, write_config)
+from common import (EMBED_MODEL, SHARED, VAULTS, Daemon, children, cpu_seconds, evict, pct,
+                    quiet_config, ready, rss_mb, rss_parts_mb, save, write_config)
 from ragd import config
 from ragd.engines.models import ResolvedModel
 from ragd.engines.supervisor import Engine, EngineSettings, cores
@@ -336,6 +340,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="end with one JSON line of figures")
     ap.add_argument("--restarts", type=int, default=2,
                     help="restarts timed after the measured run (start_s is their median)")
+    ap.add_argument("--cold-restarts", type=int, default=2,
+                    help="restarts timed after dropping the index, the model and the libraries "
+                         "from the page cache")
     ap.add_argument("--build-only", action="store_true",
                     help="build the index (with --keep) and stop: measure later, on a quiet machine")
     args = ap.parse_args()
@@ -419,6 +426,7 @@ def main() -> None:
             result["paced_hybrid_p50_ms"] = m["p50_ms"]
             result["paced_hybrid_stages_p50_ms"] = m["stages"]
             result["rss_mb"] = round(rss_mb(d.proc.pid), 1)
+            result["rss_parts_mb"] = rss_parts_mb(d.proc.pid)
             result["engines_rss_mb"] = round(sum(rss_mb(p) for p in pids[1:]), 1)
             ev = edit_visible(d, work / "notes")
             result["edit_visible_ms"], result["edit_visible_p95_ms"] = ev["p50_ms"], ev["p95_ms"]
@@ -431,6 +439,17 @@ def main() -> None:
                 runs.append(round(time.perf_counter() - t0, 2))
         result["start_s_runs"] = runs
         result["start_s"] = round(statistics.median(runs), 2)
+        # A restart after hours idle finds little in the page cache: before each of these the
+        # index, the source, the model and the Python libraries are dropped from it (evict).
+        cold = []
+        for _ in range(args.cold_restarts):
+            evict(work / "data", work / "notes", args.model,
+                  *{Path(sysconfig.get_path(k)) for k in ("stdlib", "purelib", "platlib")})
+            t0 = time.perf_counter()
+            with d:
+                ready(d, vectors=True)
+                cold.append(round(time.perf_counter() - t0, 2))
+        result["start_cold_s_runs"] = cold
         result["hybrid_over_embed_ms"] = round(result["hybrid_p50_ms"] - result["embed_p50_ms"],
                                                2)
         result["hybrid_warm_over_embed_ms"] = round(
@@ -445,6 +464,9 @@ def main() -> None:
         print(f"  restart to ready        {result['start_s']} s, median of "
               f"{result['start_s_runs']} ({result['files_read_at_start']}"
               f" files read, {result['texts_embedded_at_start']} texts embedded)")
+        if cold:
+            print(f"  restart, page cache cold {max(cold)} s at most, of {cold} (index, source, "
+                  f"model and libraries dropped from the page cache before each)")
         print(f"  raw engine, a query     p50 {result['embed_p50_ms']} ms (by threads: "
               f"{result['embed_p50_ms_by_threads']})")
         for mode in ("hybrid", "vector", "bm25"):
@@ -466,7 +488,8 @@ def main() -> None:
         print(f"  idle CPU                {result['idle_cpu_pct']} % of a core (daemon + engines, "
               f"{args.idle_seconds:.0f} s); {result['log_lines_while_idle']} log lines")
         print(f"  RSS                     daemon {result['rss_mb']} MB, engines "
-              f"{result['engines_rss_mb']} MB")
+              f"{result['engines_rss_mb']} MB; the daemon's by kind {result['rss_parts_mb']} "
+              f"(file: pages of mapped files the kernel can drop and read again)")
         print(f"  status over the socket  p50 {result['status_p50_ms']} ms")
         save(f"scale-{result['chunks']}", result)
         if args.json:
