@@ -321,3 +321,39 @@ def test_shared_text_counts_only_texts_held_by_enough_files(tmp_path):
                     (at_least, heading, counts.get(cid))
     finally:
         db.close()
+
+
+def test_boilerplate_counts_kept_until_a_chunk_changes(tmp_path):
+    """boilerplate.Known keeps the counts a search made (the next search of the same notes
+    does not count them again) and forgets them when a chunk changes: a note holding the
+    footer removed, the footer is in 3 notes, no longer 4."""
+    from ragd.index import store
+    from ragd.search import boilerplate
+    footer = "## Footer\n\nThis note is part of the shared household binder, kept on the shelf."
+    docs = {f"b/n{i}.md": f"# Note {i}\n\nA line of its own about topic number {i}.\n\n"
+                          f"{footer}\n" for i in range(4)}
+    rs = RankedStore(tmp_path, docs, FakeEmbedder({}))
+    db = store.connect(rs.cfg.db_path)
+    try:
+        ids = [cid for cid, in db.execute("SELECT id FROM chunks")]
+        footers = {cid for cid, h in db.execute("SELECT id, heading FROM chunks")
+                   if "Footer" in h}
+        known = boilerplate.Known()
+        assert known.shared(db, ids) == dict.fromkeys(footers, 4)
+        calls = []
+        counted = store.shared_text_counts
+        store.shared_text_counts = lambda *a: calls.append(a) or counted(*a)
+        try:
+            assert known.shared(db, ids) == dict.fromkeys(footers, 4)
+            assert calls == []  # every count was known
+            fid = db.execute("SELECT file_id FROM chunks WHERE id = ?", (min(footers),)).fetchone()[0]
+            with store.transaction(db):
+                db.execute("DELETE FROM chunks WHERE file_id = ?", (fid,))
+            left = {c for c in footers if db.execute("SELECT 1 FROM chunks WHERE id = ?",
+                                                     (c,)).fetchone()}
+            assert known.shared(db, ids) == dict.fromkeys(left, 3) and len(calls) == 1
+            assert known.shared(db, ids) == boilerplate.shared(db, ids)
+        finally:
+            store.shared_text_counts = counted
+    finally:
+        db.close()

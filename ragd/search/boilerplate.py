@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import threading
 
 from ragd.index import store
 
@@ -25,6 +26,44 @@ def weight(shared: int) -> float:
     return 1.0 if shared < SHARED_MIN else 1.0 / (1.0 + math.log(shared - 1))
 
 
-def shared(db: sqlite3.Connection, chunk_ids) -> dict[int, int]:
-    """chunk id -> how many notes share its text, for the chunks that are boilerplate."""
-    return store.shared_text_counts(db, chunk_ids, SHARED_MIN)
+def shared(db: sqlite3.Connection, chunk_ids, known: Known | None = None) -> dict[int, int]:
+    """chunk id -> how many notes share its text, for the chunks that are boilerplate; the
+    counts `known` holds for the index as db reads it are not counted again."""
+    if known is None:
+        return store.shared_text_counts(db, chunk_ids, SHARED_MIN)
+    return known.shared(db, chunk_ids)
+
+
+class Known:
+    """The counts of chunks already looked at, for as long as no chunk changes (the chunks'
+    generation, store.chunks_gen: a file's text in a note, added or removed, bumps it; a
+    file's source never changes in place). A search weighs its ~150 candidates, and the
+    notes that answer a vault's questions come back from search to search: counted again
+    each time, boilerplate cost ~2 ms of a search at 1M chunks, where templates repeat
+    (one probe of the text's index per candidate, then up to 256 rows per repeated text).
+    Shared by the searches of every request thread; a search reading an older snapshot
+    than the counts are of counts for itself."""
+
+    LIMIT = 200_000  # chunks remembered (~25 MB); past it, counted again from scratch
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._gen = -1
+        self._counts: dict[int, int] = {}  # chunk id -> notes sharing its text (0: < SHARED_MIN)
+
+    def shared(self, db: sqlite3.Connection, chunk_ids) -> dict[int, int]:
+        ids = list(dict.fromkeys(chunk_ids))
+        gen = store.chunks_gen(db)
+        with self._lock:
+            if gen > self._gen or len(self._counts) > self.LIMIT:
+                self._gen, self._counts = gen, {}
+            counts = self._counts if gen == self._gen else {}
+            have = {c: counts[c] for c in ids if c in counts}
+        missing = [c for c in ids if c not in have]
+        found = store.shared_text_counts(db, missing, SHARED_MIN) if missing else {}
+        with self._lock:
+            if gen == self._gen:
+                # (a negative id is an editor's buffer, no row: never counted, never kept)
+                self._counts.update((c, found.get(c, 0)) for c in missing if c >= 0)
+        have.update(found)
+        return {c: n for c, n in have.items() if n >= SHARED_MIN}

@@ -124,6 +124,7 @@ class Searcher:
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="query-embed")
         self.vectors = vectors  # the VectorStore (index/vectorstore.py)
         self.buffers = buffers  # unsaved editor buffers (index/buffers.py), an overlay
+        self.boilerplate = boilerplate.Known()  # boilerplate counts while no chunk changes
 
     def threshold(self) -> float:
         """search.min_similarity when set, else the embedding model's measured one: the
@@ -156,7 +157,7 @@ class Searcher:
             return r
         if q.lists.get("vector"):
             head = q.lists["vector"][:5]
-            common = boilerplate.shared(db, head)
+            common = boilerplate.shared(db, head, self.boilerplate)
             first = next((c for c in head if c not in common), head[0])
             q.first = (first, q.parts[first]["vector"], self._gap(q, first))
         weights = {"vector": vector_weight(query), "bm25": 1.0}
@@ -283,12 +284,11 @@ class Searcher:
         order = sorted(fused, key=lambda c: -fused[c])
         return [Candidate(c, fused[c], parts[c]) for c in order], key
 
-    @staticmethod
-    def _weigh_boilerplate(db, ranked: list[Candidate]) -> None:
+    def _weigh_boilerplate(self, db, ranked: list[Candidate]) -> None:
         """A chunk whose text is in several notes of its source counts less (boilerplate.py)."""
         if not ranked:
             return
-        common = boilerplate.shared(db, [c.chunk_id for c in ranked])
+        common = boilerplate.shared(db, [c.chunk_id for c in ranked], self.boilerplate)
         for c in ranked:
             if c.chunk_id in common:
                 c.score *= boilerplate.weight(common[c.chunk_id])
