@@ -472,3 +472,26 @@ def test_a_graph_snapshot_after_a_few_edits_lists_them_and_keeps_the_graph_file(
     with d:  # the checked start's snapshot: whole again or listed, the answers the same
         wait_embedded(d)
         assert first(tomatoes) == str(other) and first(bread) == str(note)
+
+
+def test_the_rows_of_gone_files_are_read_in_lists(tmp_path):
+    """store.file_rows_of (the scan's files found gone) reads its rows in IN lists of at most
+    IN_BATCH: a folder of 2,000 notes gone at once, a name that is not UTF-8 among them (kept
+    as bytes), another source's file of the same name, and a name with no row."""
+    import os
+
+    from ragd.index import store
+
+    db = store.open_store(tmp_path / "index.db")
+    odd = os.fsdecode(b"caf\xe9.md")  # (surrogate-escaped: how os.listdir gives it)
+    names = [f"gone/n{i}.md" for i in range(2000)] + [odd]
+    store.begin(db)
+    for i, rel in enumerate(names):
+        store.put_file(db, "v", rel, i, i, f"h{i}", "indexed", None, None)
+    store.put_file(db, "w", "gone/n0.md", 7, 7, "other", "indexed", None, None)
+    db.execute("COMMIT")
+    rows = store.file_rows_of(db, "v", [*names, "never/there.md"])
+    assert set(rows) == set(names)
+    assert all(rows[rel].relpath == rel and rows[rel].source == "v" for rel in names)
+    assert rows["gone/n1999.md"].size == 1999 and rows[odd].hash == "h2000"
+    assert rows["gone/n0.md"].hash == "h0"

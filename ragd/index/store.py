@@ -255,15 +255,16 @@ def file_stats(db: sqlite3.Connection, source: str) -> set[tuple[str, int, int]]
 
 def file_rows_of(db: sqlite3.Connection, source: str, rels) -> dict[str, FileRow]:
     """The rows of these files of a source (those a scan found gone)."""
+    # (in lists, not a query each: a source's folder gone takes all its files at once)
+    by_key = {db_rel(rel): rel for rel in rels}
     out = {}
-    for rel in rels:
-        r = db.execute("SELECT id, source, relpath, size, mtime_ns, hash, status, reason, "
-                       "indexed_at FROM files WHERE source = ? AND relpath = ?",
-                       (source, db_rel(rel))).fetchone()
-        if r is not None:
+    for part, q in in_batches(by_key, IN_BATCH - 1):
+        for r in db.execute("SELECT id, source, relpath, size, mtime_ns, hash, status, reason, "
+                            f"indexed_at FROM files WHERE source = ? AND relpath IN ({q})",
+                            (source, *part)):
             row = FileRow(*r)
-            row.relpath = rel
-            out[rel] = row
+            row.relpath = by_key[row.relpath]
+            out[row.relpath] = row
     return out
 
 
