@@ -34,6 +34,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pooling", choices=sorted(POOLING), default="none")
     ap.add_argument("--ctx-size", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
+    # Warnings and errors only (llama.cpp's -lv 2): at info (3) the server logs three lines
+    # for every text it embeds, and the reason an engine failed (supervisor.TELLING) is an
+    # error or a warning.
+    ap.add_argument("--verbosity", type=int, default=2)
     args = ap.parse_args(argv)
 
     import xllamacpp as xlc
@@ -61,6 +65,7 @@ def main(argv=None) -> int:
         p.n_batch = args.ctx_size
         p.n_ubatch = args.ctx_size
     p.cpuparams.n_threads = args.threads
+    p.verbosity = args.verbosity
     p.cpuparams_batch.n_threads = args.threads
     p.hostnames = [args.host]
     # SIGTERM/SIGINT are blocked here, before the server's threads start (they inherit the
