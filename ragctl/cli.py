@@ -292,6 +292,9 @@ def main(argv=None) -> int:
             return fail(f"argument '{shown}' is not valid UTF-8 (ragd takes names and text "
                         f"as UTF-8)", 2, "bad_args")
 
+    # search and related exit 1 when they find nothing, as grep does; so, as grep does, they
+    # exit 2 on an error (ragd not running, a lost connection): a script tells them apart
+    error = 2 if args.func in (do_search, do_related) else 1
     try:
         return args.func(args)
     except BrokenPipeError as e:
@@ -299,15 +302,15 @@ def main(argv=None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # so the exit flush does not complain
             return 0
-        return fail(f"lost the connection to ragd: {e}", 1, "connection")
+        return fail(f"lost the connection to ragd: {e}", error, "connection")
     except Fail as e:  # exit 2: a wrong command line or config, as the daemon's bad_args
-        return fail(str(e), e.code, "bad_args" if e.code == 2 else "failed")
+        return fail(str(e), max(e.code, error), "bad_args" if e.code == 2 else "failed")
     except P.DaemonError as e:  # exit 2 for a value of the command line it refused, or a
         # config it cannot read (a reload), as for ragctl's own
-        return fail(e.message, 2 if e.code in (P.BAD_ARGS, P.BAD_CONFIG) else 1, e.code,
+        return fail(e.message, 2 if e.code in (P.BAD_ARGS, P.BAD_CONFIG) else error, e.code,
                     said=True)
     except (ConnectionError, TimeoutError, P.ProtocolError) as e:
-        return fail(f"lost the connection to ragd: {e}", 1, "connection")
+        return fail(f"lost the connection to ragd: {e}", error, "connection")
     except P.ConfigUnreadable as e:
         return fail(str(e), 2, "bad_config")
     except OSError as e:

@@ -82,8 +82,8 @@ def test_related_from_the_shell_in_searchs_output_forms(make_daemon, tmp_path):
         assert r.returncode == 2 and "give a note's PATH or --text" in r.stderr
         r = ragctl(*cfg, "related", note, "--text", "x")
         assert r.returncode == 2 and "not both" in r.stderr
-        r = ragctl(*cfg, "related", tmp_path / "elsewhere.md")
-        assert r.returncode == 1 and "is not in any source" in r.stderr
+        r = ragctl(*cfg, "related", tmp_path / "elsewhere.md")  # an error: 2, as grep's
+        assert r.returncode == 2 and "is not in any source" in r.stderr
 
 
 

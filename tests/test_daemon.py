@@ -95,8 +95,10 @@ def test_ragctl_when_not_running(tmp_path):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.strip().count("\n") == 0 and "nothing to stop" in r.stdout, r.stdout
     assert "ragctl start" not in r.stdout
-    r = ragctl("--socket", sock, "search", "x")
-    assert r.returncode != 0 and "not running" in r.stderr
+    # search exits 1 when nothing is relevant, as grep does; an error is 2, as grep's
+    for cmd in (["search", "x"], ["related", "--text", "x"]):
+        r = ragctl("--socket", sock, *cmd)
+        assert r.returncode == 2 and "not running" in r.stderr, (cmd, r.returncode, r.stderr)
 
 
 def test_ragctl_start_stop_and_environment_lookup(make_daemon, tmp_path):
