@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import sqlite3
 import time
@@ -365,9 +366,15 @@ def _lines_read_line_by_line(text: str, query: str) -> list[int]:
         stem = bm25._stem(word)
         return any(bm25._same(stem, s) for s in stems)
 
-    return [i + 1 for i, line in enumerate(text.split("\n"))
-            if any(stands(w) for w in bm25.TOKEN.findall(line))
-            or any(ch in line for ch in signs)]
+    def holding(lines):
+        return [i + 1 for i, line in enumerate(lines)
+                if any(stands(w) for w in bm25.TOKEN.findall(line))
+                or any(ch in line for ch in signs)]
+
+    # ... outside links' targets (a Markdown link's "(url)", a bare URL) when any line does
+    outside = [re.sub(r"\]\([^)]*\)", "]", line) for line in text.split("\n")]
+    outside = [re.sub(r"<?\b[A-Za-z][A-Za-z0-9+.-]*://[^\s)>]*>?", " ", line) for line in outside]
+    return holding(outside) or holding(text.split("\n"))
 
 
 def test_the_lines_shown_are_those_that_hold_a_query_word(indexed):
@@ -391,3 +398,18 @@ def test_the_lines_shown_are_those_that_hold_a_query_word(indexed):
             assert matcher.lines(text, 1) == want, (query, text[:200])
             shown += bool(want)
     assert shown > 300  # (the queries do match: not a comparison of empty lists)
+
+
+def test_a_line_whose_match_is_only_in_a_link_target_is_no_jump_line():
+    """"onboarding new engineers" jumped to `![](assets/labs---new-member-onboarding-2023.webp)`
+    (a fresh-user walk): a match only inside a link's target or a URL does not make a line a
+    match while another line holds the words; a link's own text does; with no other line,
+    the target's line is still the match (something to jump to)."""
+    m = bm25.LineMatcher("onboarding new engineers")
+    text = ("# Team\n![](assets/labs---new-member-onboarding-2023.webp)\n"
+            "How we run onboarding for new engineers.\n"
+            "[Onboarding guide](https://example.com/onboarding)\n"
+            "see <https://example.com/new-engineers> and https://example.com/onboarding")
+    assert m.lines(text, 10) == [12, 13]
+    assert m.lines("intro\n![](assets/new-member-onboarding.webp)", 5) == [6]
+    assert m.lines("[[Onboarding]] checklist (for new engineers)", 1) == [1]

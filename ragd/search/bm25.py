@@ -101,6 +101,16 @@ def _same(word: str, stem: str) -> bool:
     return word.startswith(stem) or (len(word) >= 4 and stem.startswith(word))
 
 
+# A link's target: the (url) of a Markdown link or image, a bare URL. Matched words in it do
+# not make its line a match worth jumping to, while another line holds the match.
+TARGET = re.compile(r"(?<=\])\([^)\n]*\)|<?\b[a-z][a-z0-9+.-]*://[^\s)>]*>?", re.IGNORECASE)
+
+
+def _blank(m: re.Match) -> str:
+    """The match's characters as spaces (its line breaks kept: the lines keep their numbers)."""
+    return re.sub(r"[^\n]", " ", m.group())
+
+
 class LineMatcher:
     """Which lines of a text hold a query's match (its `lines`): each quoted phrase where its
     words stand in a row (every line of one that runs across lines), a content word of the
@@ -132,9 +142,19 @@ class LineMatcher:
         return hit
 
     def lines(self, text: str, line_start: int) -> list[int]:
-        """The (1-based, counted from line_start) lines of text that hold the match."""
+        """The (1-based, counted from line_start) lines of text that hold the match: those
+        that hold it outside a link's target when there are any (an image's file name
+        "new-member-onboarding-2023.webp" is no place to jump to for "onboarding"), else
+        those that hold it at all."""
         if not self.stems and not self.signs and not self.phrases:
             return []
+        if "://" in text or "](" in text:
+            found = self._lines(TARGET.sub(_blank, text), line_start)
+            if found:
+                return found
+        return self._lines(text, line_start)
+
+    def _lines(self, text: str, line_start: int) -> list[int]:
         out: set[int] = set()
         if self.phrases:
             lines = text.split("\n")
