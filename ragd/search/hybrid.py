@@ -371,6 +371,12 @@ class Searcher:
             r.meaning_bar = round(thr + MEANING_MARGIN, 4)
             if best < r.meaning_bar:
                 return self._nothing(r, filters.narrowed, "meaning")
+            if r.mode == "hybrid" and len(content_terms(q.text)) == 1:
+                # One word no note holds is looked up, as grep would: the real words no note
+                # holds rarely clear the bar (docs/quality.md), and what does is mostly a
+                # made-up word whose word pieces match ("qwertyzap": Q Learning, qwik).
+                # Meaning alone answers a question, or --mode vector.
+                return self._nothing(r, filters.narrowed, "word")
         if weak_vectors:
             del lists["vector"]
             if not keywords:
@@ -444,12 +450,18 @@ class Searcher:
         parts = q.parts
         alone = [c for c in ranked if "bm25" not in parts[c]]
         weak = [c for c in alone if parts[c].get("vector", floor) < floor]
-        if q.own is not None:
-            last = min(q.own.values(), default=-1.0)
-            far = [c for c in alone if parts[c].get("vector", floor) >= floor
-                   and q.own.get(c, last) < floor]
-            if far and bm25.all_terms_match(q.db, q.text, q.filters):  # (asked only then)
-                weak += far
+        # A lookup of a few words: its chunks by meaning alone must be as close to the query
+        # itself as a match by meaning alone must be (the threshold + MEANING_MARGIN): a
+        # made-up word one note holds came back with a note of cosine 0.33 after it. (A few:
+        # all_terms_match is then cheap, and asked of most searches' meaning-only tails.)
+        bar = floor if len(content_terms(q.text)) > 3 else \
+            max(floor, round(self.threshold() + MEANING_MARGIN, 4))
+        own = q.own if q.own is not None else {c: parts[c].get("vector", bar) for c in alone}
+        last = min(own.values(), default=-1.0)
+        far = [c for c in alone if parts[c].get("vector", floor) >= floor
+               and own.get(c, last) < bar]
+        if far and bm25.all_terms_match(q.db, q.text, q.filters):  # (asked only then)
+            weak += far
         for c in weak:
             del ranked[c]
         if weak:
@@ -459,7 +471,7 @@ class Searcher:
         """Say why nothing is relevant, with the evidence of the ranking that looked: `why`
         "bm25" (no chunk holds a content word), "vector" (no chunk is close enough in
         meaning), "hybrid" (neither), "meaning" (no chunk holds a word, and meaning alone is
-        below meaning_bar). `filtered`: the search was narrowed by filters, and the reason
+        below meaning_bar), "word" (a query of one word that no chunk holds). `filtered`: the search was narrowed by filters, and the reason
         says so (a note left out by --since may hold the word)."""
         r.nothing_relevant = True
         none = "no note the filters let through" if filtered else "no note"
@@ -476,7 +488,10 @@ class Searcher:
                         f"the threshold {bar:.3f} (search.min_similarity)"))
         else:
             close = None
-        if why == "bm25" or close is None:
+        if why == "word":
+            r.reason = (f"nothing relevant: {none} holds the word, and a single word is "
+                        f"looked up as written: --mode vector searches by its meaning")
+        elif why == "bm25" or close is None:
             r.reason = f"nothing relevant: {words}"
         elif why == "vector":
             r.reason = f"nothing relevant: {close}{partial}"
