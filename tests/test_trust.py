@@ -208,6 +208,13 @@ def test_a_word_no_note_holds_is_nothing_relevant(trust_daemon):
             assert res["results"] == [] and "a single word is looked up" in res["reason"], res
             r = ragctl("--config", d.config, "search", "-l", word)
             assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout)
+        # a best cosine just above the threshold (weak_meaning) is said as one below it is:
+        # "sourdough starter" beside a note holding "starter" printed no word of it
+        res = d.call("search", query="tree pruning schedule", k=3)
+        assert res["results"] and res["weak_meaning"] and not res.get("below_threshold"), res
+        r = ragctl("--config", d.config, "search", "tree pruning schedule")
+        assert r.returncode == 0 and "(no close meaning match: these results match the " \
+            "query's words" in r.stderr, r.stderr
         # a question holding such a word is answered by its other words
         res = d.call("search", query="how do I set up the kafkazorp event stream", k=5)
         assert res["results"] and "Kafka.md" in res["results"][0]["path"], res
