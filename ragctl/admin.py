@@ -143,20 +143,29 @@ def do_files(args) -> int:
 
 
 def do_watch(args) -> int:
-    """Print index events as they happen (Ctrl-C to stop)."""
+    """Print index events as they happen (Ctrl-C to stop), until ragd stops."""
+    def show(e):
+        if args.json:
+            print(json.dumps(e, ensure_ascii=False), flush=True)
+            return
+        stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+        # one line per event, as search -l and files print names (--json has them exact)
+        what = _one_line(str(e.get("path") or e.get("message") or ""))
+        extra = "".join(f" {k}={_one_line(str(e[k]))}"
+                        for k in ("chunks", "from_path", "reason", "lost_before") if k in e)
+        print(f"{stamp} {e['event']:<10} {what}{extra}", flush=True)
+
     with connect(args, timeout=None) as c:
         req = c.send("events")
-        for reply in c.replies(req):
-            e = reply["result"]
-            if args.json:
-                print(json.dumps(e, ensure_ascii=False), flush=True)
-                continue
-            stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-            # one line per event, as search -l and files print names (--json has them exact)
-            what = _one_line(str(e.get("path") or e.get("message") or ""))
-            extra = "".join(f" {k}={_one_line(str(e[k]))}"
-                            for k in ("chunks", "from_path", "reason", "lost_before") if k in e)
-            print(f"{stamp} {e['event']:<10} {what}{extra}", flush=True)
+        try:
+            for reply in c.replies(req):
+                show(reply["result"])
+        except (ConnectionError, P.ProtocolError):
+            # the stream ends when ragd stops: said as the last event, not as an error (it
+            # said "lost the connection to ragd", exit 1); a daemon still answering is one
+            if _ping(_socket(args)) is not None:
+                raise
+            show({"event": "stopped", "time": time.time(), "message": "ragd stopped"})
     return 0
 
 

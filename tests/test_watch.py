@@ -785,19 +785,25 @@ def test_ragctl_watch_prints_one_line_per_event_whatever_the_name(make_daemon, t
     (root / "a.md").write_text("# a\n\nA note about lemurs.\n")
     d = make_daemon(sources=[{"name": "n", "path": str(root)}],
                     extra='[embedding]\nmodel = ""\n')
-    with d:
-        d.wait_idle()
-        watch = subprocess.Popen([sys.executable, "-m", "ragctl", "--config", str(d.config),
-                                  "watch"], stdout=subprocess.PIPE, text=True)
-        try:
+    watch = None
+    try:
+        with d:
+            d.wait_idle()
+            watch = subprocess.Popen([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                                      "watch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
             time.sleep(1)  # (subscribed)
             (root / "line\nbreak.md").write_text("# b\n\nNewts.\n")
             (root / "evil\u202etxt.md").write_text("# c\n\nVoles.\n")
             d.wait_idle()
             time.sleep(0.5)
-        finally:
-            watch.terminate()
-        out = watch.communicate(timeout=10)[0]
+        # ragd stopped: the last line says so, exit 0 (it said "lost the connection", exit 1)
+        out, err = watch.communicate(timeout=10)
+    finally:
+        if watch is not None and watch.poll() is None:
+            watch.kill()
+    assert watch.returncode == 0 and err == "", err
+    assert out.splitlines()[-1].endswith(" stopped    ragd stopped"), out
     indexed = [ln for ln in out.splitlines() if " indexed " in ln]
     assert any(ln.endswith("line\\nbreak.md chunks=1") for ln in indexed), out
     assert any("evil\\u202etxt.md" in ln for ln in indexed), out
