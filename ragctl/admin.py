@@ -130,8 +130,9 @@ def do_files(args) -> int:
                     every.append(f)
                 else:
                     why = f"  ({_one_line(f['reason'])})" if f["reason"] else ""
-                    print(f"{f['status']:<8} {f['chunks']:>4} chunk{'s' * (f['chunks'] != 1)} "
-                          f" {_one_line(f['path'])}{why}")
+                    # (padded as "chunks": the paths start in one column)
+                    count = f"{f['chunks']:>4} chunk{'s' * (f['chunks'] != 1)}"
+                    print(f"{f['status']:<8} {count:<11}  {_one_line(f['path'])}{why}")
             after = page.get("next")
             if not after:
                 break

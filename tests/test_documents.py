@@ -48,6 +48,9 @@ def test_document_folder(make_daemon, tmp_path):
             assert files[name]["status"] == "indexed" and files[name]["chunks"] >= 1, files[name]
         r = ragctl("--config", d.config, "files", "--status", "skipped")
         assert "binary.md" in r.stdout and "1 skipped" in r.stdout
+        # one column for the paths, "1 chunk" or "12 chunks" (a fresh-user walk)
+        rows = ragctl("--config", d.config, "files").stdout.splitlines()[:-1]
+        assert len({row.index("/") for row in rows}) == 1 and len(rows) > 3, rows
 
         hit = d.call("search", query="stripes calves", k=1)["results"][0]
         assert hit["path"].endswith("paper.pdf")
