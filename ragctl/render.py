@@ -9,7 +9,19 @@ import unicodedata
 
 
 def _ago(seconds: float) -> str:
-    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    """A duration as a person reads it: "0.3 s", "45 s", "12 min", "5 h 20 min", "3 d 4 h"
+    (a daemon up for a month was "43200 min")."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes = int(seconds // 60)
+    if minutes < 120:
+        return f"{minutes} min"
+    hours = minutes // 60
+    if hours < 48:
+        return f"{hours} h {minutes % 60} min"
+    return f"{hours // 24} d {hours % 24} h"
 
 
 class _Progress:

@@ -101,3 +101,11 @@ def test_stop_counts_an_exited_daemon_not_yet_reaped_as_stopped():
     finally:
         child.wait()
     assert not _alive(child.pid)
+
+
+def test_durations_read_as_a_person_reads_them():
+    """status's uptime and index lag: a daemon up for a month said "43200 min"."""
+    from ragctl.render import _ago
+
+    got = [_ago(s) for s in (0.34, 45.2, 3599, 19260, 2592000)]
+    assert got == ["0.3 s", "45 s", "59 min", "5 h 21 min", "30 d 0 h"]
