@@ -91,7 +91,11 @@ def _progress(args, sock, what: str = "indexing") -> None:
                 vectors = e.get("vectors", 0)
                 elapsed = time.monotonic() - t0
                 line = f"{what}: {files} files, {chunks} chunks"
-                if st["pending"]:
+                if st["pending"] and any(s.get("scanning") for s in st["sources"]):
+                    # the folders are still being listed: what is queued is not what is left
+                    # ("500 files, 318 to go", then "500 files, 82 to go")
+                    line += f", {st['pending']} queued, listing folders"
+                elif st["pending"]:
                     rate = files / elapsed if elapsed > 0 else 0
                     eta = f", ~{st['pending'] / rate:.0f} s left" if rate else ""
                     line += f", {st['pending']} files to go ({rate:.0f} files/s{eta})"
