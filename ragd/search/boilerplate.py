@@ -38,9 +38,9 @@ class Known:
     """The counts of chunks already looked at, for as long as no chunk changes (the chunks'
     generation, store.chunks_gen: a file's text in a note, added or removed, bumps it; a
     file's source never changes in place). A search weighs its ~150 candidates, and the
-    notes that answer a vault's questions come back from search to search: counted again
-    each time, boilerplate cost ~2 ms of a search at 1M chunks, where templates repeat
-    (one probe of the text's index per candidate, then up to 256 rows per repeated text).
+    notes that answer a vault's questions come back from search to search. Counted again
+    each time (one probe of the text's index per candidate, then up to 256 rows per repeated
+    text), they were most of the fusion's time in a large corpus where templates repeat.
     Shared by the searches of every request thread; a search reading an older snapshot
     than the counts are of counts for itself."""
 

@@ -443,7 +443,8 @@ class Searcher:
         and its neighbours are that note's, not the query's (a made-up word held by one note
         came back with unrelated notes after it). For a question, feedback's neighbours can be
         its answer, so it keeps them. A chunk only the moved query found is as far from the
-        query as the first search's last, at most."""
+        query as the first search's last, at most. A lookup of up to three words holds its
+        chunks by meaning alone to meaning_bar's measure, as a search no chunk has a word of."""
         floor = r.meaning_bar or self.threshold()
         if floor <= 0:  # no threshold (0: off)
             return
@@ -471,8 +472,9 @@ class Searcher:
         """Say why nothing is relevant, with the evidence of the ranking that looked: `why`
         "bm25" (no chunk holds a content word), "vector" (no chunk is close enough in
         meaning), "hybrid" (neither), "meaning" (no chunk holds a word, and meaning alone is
-        below meaning_bar), "word" (a query of one word that no chunk holds). `filtered`: the search was narrowed by filters, and the reason
-        says so (a note left out by --since may hold the word)."""
+        below meaning_bar), "word" (a query of one word that no chunk holds). `filtered`: the
+        search was narrowed by filters, and the reason says so (a note left out by --since may
+        hold the word)."""
         r.nothing_relevant = True
         none = "no note the filters let through" if filtered else "no note"
         words = f"{none} holds a content word of the query"
