@@ -357,3 +357,24 @@ def test_boilerplate_counts_kept_until_a_chunk_changes(tmp_path):
             store.shared_text_counts = counted
     finally:
         db.close()
+
+
+def test_a_long_note_taking_every_candidate_still_gives_k_notes(tmp_path):
+    """One long note holds the words in 150 sections and takes every one of the 100
+    candidates: `-k 10 exception groups` gave 2 notes (a fresh-user walk on the PEPs). The
+    rankings are asked again for more candidates until k notes (or nothing more to give)."""
+    sections = "\n\n".join(f"## Part {i}\n\nException groups wrap exception groups, part {i}."
+                           for i in range(150))
+    docs = {"big.md": f"# Exception groups\n\n{sections}\n"}
+    docs.update({f"small/n{i}.md": f"# Note {i}\n\nA long note about topic {i} of many words "
+                 f"that go on and on about other things, and once about Exception Groups.\n"
+                 for i in range(12)})
+    # (the vectors too put the long note's 150 sections first)
+    rs = RankedStore(tmp_path, docs, FakeEmbedder(
+        {"exception groups": axis(0), "other things": towards(axis(0), 0.6)}, default=axis(5)))
+    for mode in ("bm25", "hybrid"):
+        reply = rs.search("exception groups", k=10, mode=mode)
+        assert len(reply["results"]) == 10, (mode, [r["path"] for r in reply["results"]])
+        assert reply["results"][0]["path"].endswith("big.md") and reply["widened"] == 400
+        chunks = rs.search("exception groups", k=10, mode=mode, group="chunk")
+        assert "widened" not in chunks  # (chunks: the first 100 were k already)

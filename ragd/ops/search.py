@@ -23,6 +23,10 @@ from ragd.search.fusion import lift
 from ragd.search.hybrid import MODES
 
 ECHO_CHARS = 1000  # of a search's query echoed in its reply (query_chars: the whole length)
+# A search whose candidates gave fewer than k notes asks again for WIDEN times as many, up to
+# MAX_CANDIDATES per ranking
+WIDEN = 4
+MAX_CANDIDATES = 1600
 
 
 class SearchOps:
@@ -62,6 +66,16 @@ class SearchOps:
             r = self.p.searcher.run(db, query, k, mode, filters, rerank, group, text_view)
             t = time.perf_counter()
             grouped = notes.group(db, r.candidates, r.reranked, self.p.buffers, r.note_evidence)
+            while group == "note" and len(grouped) < k and r.full and r.asked < MAX_CANDIDATES:
+                # A few long notes took every candidate ("exception groups": 96 chunks of PEP
+                # 654, 2 notes for -k 10): the rankings are asked for more, until k notes or
+                # no ranking has more to give
+                r = self.p.searcher.run(db, query, k, mode, filters, rerank, group, text_view,
+                                        min(r.asked * WIDEN, MAX_CANDIDATES))
+                r.widened = r.asked
+                t = time.perf_counter()
+                grouped = notes.group(db, r.candidates, r.reranked, self.p.buffers,
+                                      r.note_evidence)
             if r.trusted is not None and group == "note" and not r.reranked:
                 cid = r.trusted.chunk_id
                 r.trusted.lifted_from = lift(

@@ -142,16 +142,19 @@ class Searcher:
 
     def run(self, db: sqlite3.Connection, query: str, k: int, mode: str,
             filters: Filters | None, rerank: bool | None,
-            group: str = "chunk", text_view=None) -> Ranking:
+            group: str = "chunk", text_view=None, candidates: int | None = None) -> Ranking:
         """Rank chunks for the query. For group "note" the reranker sees the best chunk of each
         of the top notes, and the Ranking holds `note_evidence` (for notes.group). text_view:
-        what TextIndex.view gave for this snapshot (the tantivy searcher, or why not)."""
+        what TextIndex.view gave for this snapshot (the tantivy searcher, or why not).
+        candidates: per ranking (default search.candidates, at least k)."""
         r = Ranking(mode)
-        q = self._begin(db, query, k, filters, text_view, r)
+        q = self._begin(db, query, k, filters, text_view, r, candidates)
         if q is None:
             return r
         q.by_note = group == "note"
         self._rank(q, r)
+        r.asked = q.n
+        r.full = any(len(ids) >= q.n for ids in q.lists.values())
         t = time.perf_counter()
         if not self._anything_relevant(q, r):
             return r
@@ -192,7 +195,7 @@ class Searcher:
     # -- the stages -------------------------------------------------------------------------------
 
     def _begin(self, db, query: str, k: int, filters: Filters | None, text_view,
-               r: Ranking) -> _Query | None:
+               r: Ranking, candidates: int | None = None) -> _Query | None:
         """The search's state: the filters, buffers and store it reads. None when the filters
         let no note through (not "nothing relevant": r says so)."""
         filters = filters or Filters()
@@ -215,8 +218,8 @@ class Searcher:
             r.reason = "no indexed note passes the filters"
             r.filtered_out = True
             return None
-        return _Query(db, query, max(self.cfg.search_candidates, k), filters, files, bufs,
-                      view, text_view)
+        return _Query(db, query, max(candidates or self.cfg.search_candidates, k), filters,
+                      files, bufs, view, text_view)
 
     def _rank(self, q: _Query, r: Ranking) -> None:
         """Each ranking the mode asks for (q.lists): BM25, the vectors, or both; BM25 alone

@@ -34,7 +34,7 @@ REPLY_FIELDS = ("requested_mode", "reason", "filtered_out", "store", "store_spac
                 "bm25_index", "vector_space", "vector_coverage", "candidate_coverage",
                 "best_similarity",
                 "query_truncated", "fusion", "weights", "feedback", "cut_below_threshold",
-                "below_threshold", "weak_meaning", "meaning_bar", "rerank_reason")
+                "below_threshold", "weak_meaning", "meaning_bar", "rerank_reason", "widened")
 
 
 @dataclass
@@ -74,6 +74,11 @@ class Ranking:
     trusted: Trusted | None = None
     # file id -> (what its whole text adds, its BM25 score, its rank): notes.group's
     note_evidence: dict | None = None
+    # candidates per ranking this search asked for, and whether a ranking had more to give
+    # (its list was full): then fewer than k notes may only be the candidates' doing
+    asked: int = 0
+    full: bool = False
+    widened: int | None = None  # the candidates asked for when the first ones gave < k notes
 
     @property
     def coverage(self) -> float:
