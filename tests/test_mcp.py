@@ -559,6 +559,14 @@ def test_status_says_vectors_are_still_coming_while_files_are_indexed(make_daemo
                 head = text_of(res).splitlines()[0]
                 assert "up to date" not in head, head
                 assert f"vectors still being computed ({todo} texts to embed)" in head, head
+                # a search says it too: an agent read keyword-only results as the whole answer
+                search = tool_schemas(m.result("tools/list", meta())["tools"])["search"]
+                res = m.call("search", {"query": "recurring tasks"}, modern=True)
+                found = res["structuredContent"]
+                jsonschema.validate(found, search["outputSchema"])
+                assert 0 < found["vector_coverage"] < 1, found.get("vector_coverage")
+                assert f"(vectors cover {100 * found['vector_coverage']:.0f}% of the passages" \
+                    in text_of(res), text_of(res)[:300]
                 assert m.close() == 0
             # before the vectors are loaded and counted, pending_texts is null (the schema
             # said integer)

@@ -15,6 +15,10 @@ def search_text(out: dict) -> str:
         lines.append(f"(keyword search only: {out['reason'] or 'the embedding engine is down'})")
     if out.get("rerank_reason"):
         lines.append(f"(not reranked: {out['rerank_reason']})")
+    if out.get("vector_coverage") is not None:
+        lines.append(f"(vectors cover {100 * out['vector_coverage']:.0f}% of the passages so "
+                     f"far: the rest are found by their words only, and a note that only "
+                     f"meaning would find may be missing)")
     if not out["results"]:
         why = out["reason"] if out["reason"] and not out["degraded"] else "nothing matched"
         lines.append(f"No results for {out['query']!r} ({why}).")

@@ -96,6 +96,10 @@ SEARCH_OUT = obj({
     "reranked": {"type": "boolean", "description": "the order is the cross-encoder's"},
     "rerank_reason": {"type": "string", "description": "why a rerank wanted (rerank: true, or "
                                                        "the daemon's default) did not happen"},
+    "vector_coverage": {"type": "number",
+                        "description": "0-1, present while vectors are still being computed: "
+                                       "the share of passages that have one (a note without "
+                                       "is found by its words only)"},
     "results": {"type": "array", "items": _SEARCH_HIT},
 }, required=("query", "mode", "degraded", "results"), closed=False)
 
@@ -115,6 +119,10 @@ def run_search(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     for key in ("confidence", "low_confidence", "reranked", "rerank_reason"):
         if key in res:
             out[key] = res[key]
+    # while vectors are coming an agent must know that a note may be missed by meaning (it
+    # read keyword-only results as the whole answer)
+    if res.get("vector_coverage") is not None and res["vector_coverage"] < 1:
+        out["vector_coverage"] = res["vector_coverage"]
     return out, search_text(out)
 
 
