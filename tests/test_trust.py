@@ -85,6 +85,12 @@ def test_the_note_only_meaning_finds_is_in_the_top_three(trust_daemon):
     (d.vault / "Plants" / "Fiddle-leaf fig.md").write_text(FIG)
     with d:
         wait_embedded(d)
+        # the end of the first embedding is in the log, once (a fresh-user walk found no line)
+        deadline = time.monotonic() + 5
+        while (said := d.log.read_text().count("embedding caught up: ")) == 0:
+            assert time.monotonic() < deadline, d.log.read_text()[-2000:]
+            time.sleep(0.05)
+        assert said == 1 and "every chunk has its vector" in d.log.read_text()
         vec = d.call("search", query=HOUSEPLANT, mode="vector", k=5)
         assert rank_of(vec, "Fiddle-leaf fig.md") == 1, vec["results"]
         bm = d.call("search", query=HOUSEPLANT, mode="bm25", k=10)

@@ -50,6 +50,7 @@ LIVE_TEXTS = 32  # at most this many new texts are embedded before an edit's com
 LIVE_TIMEOUT = 10.0
 SPECIAL_TOKENS = 4  # room left for [CLS]/[SEP] or BOS/EOS when truncating
 PAUSE_START, PAUSE_MAX = 1.0, 60.0  # backoff when the database cannot be written
+CAUGHT_UP_LOG = 100  # texts embedded in one go from which the end is logged (_caught_up)
 RECENT_REQUESTS = 16  # of the embedder's, whose pace estimates the time left (EmbedStats)
 
 
@@ -214,6 +215,7 @@ class Embedder:
         try:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (pace_key,)).fetchone()
             self.stats.before = float(row[0]) if row else None
+            burst = (0, 0.0)  # texts taken since the embedder was last idle, and when it began
             while not self._stop.is_set():
                 if not self.engine.wait_ready(0.5 if self.engine.state != "failed" else 5.0):
                     self.state = ("engine failed" if self.engine.state == "failed"
@@ -228,12 +230,16 @@ class Embedder:
                         if self.activate:
                             self.store.serve_edits(self)
                     self.state = "idle" if self.space.idle() else "embedding"
+                    if self.state == "idle" and burst[0]:
+                        self._caught_up(*burst)
+                        burst = (0, 0.0)
                     if not self.activate and self.on_complete is not None and \
                             self.space.idle():
                         self.on_complete(self)  # every chunk has its vector: switch to it
                     work = self.space.take(WORK_BATCH, self._stop)
                     if work:
                         self.state = "embedding"
+                        burst = (burst[0] + len(work), burst[1] or time.monotonic())
                         self._embed(db, work)
                         self.store.snapshot_if_due(db)
                     self._resumed()
@@ -255,6 +261,16 @@ class Embedder:
                 log.exception("writing the vector snapshot")
             self._keep_pace(db, pace_key)
             db.close()
+
+    def _caught_up(self, texts: int, since: float) -> None:
+        """Every chunk has its vector again: said in the log after a bulk of work (a first
+        index, a source added, a model switch), so that a reader of the log sees when the
+        embedding ended; an edit's few texts say nothing (a quiet daemon logs nothing)."""
+        if texts < CAUGHT_UP_LOG:
+            return
+        took = time.monotonic() - since
+        log.info("embedding caught up: %d texts in %.0f s (%.1f texts/s); every chunk has its "
+                 "vector (%s)", texts, took, texts / took if took > 0 else 0.0, self.model.name)
 
     def _keep_pace(self, db, key: str) -> None:
         """Keep this run's pace for the next one's estimate (when it has one of its own)."""
