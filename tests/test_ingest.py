@@ -211,6 +211,15 @@ def test_rst_sections_are_headings():
         ("PEP Title > Motivation > Details", 18, 18),
     ]
     assert doc.title == "PEP Title"
+    # inline markup is left out of titles and headings, as docutils shows them (a fresh-user
+    # walk saw "Using TypedDict for more precise \\*\\*kwargs typing" as a PEP's title)
+    text = ("PEP: 692\nTitle: Using TypedDict for more precise \\*\\*kwargs typing\n\n"
+            "Abstract\n========\n\nText.\n\n``ExceptionGroup``\\ s and :pep:`8`\n"
+            "===============================\n\nMore text.\n")
+    doc = documents.parse_rst(text, "pep-0692")
+    assert doc.title == "Using TypedDict for more precise **kwargs typing"
+    assert [b.title for b in doc.blocks if b.kind == "heading"] == \
+        ["Abstract", "ExceptionGroups and 8"]
 
 
 def test_document_titles_and_dates_from_headers():

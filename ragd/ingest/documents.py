@@ -81,6 +81,23 @@ def parse_text(text: str, title: str) -> Doc:
     return _with_headers(Doc(lines=lines, blocks=paragraphs(lines), title=title))
 
 
+# reStructuredText's inline markup in a title: ``literal``, :role:`text`, `text <target>`_ and
+# backslash escapes ("\*\*kwargs", "``ExceptionGroup``\ s")
+RST_LITERAL = re.compile(r"``(.+?)``")
+RST_ROLE = re.compile(r":[\w.+-]+:`([^`]*)`")
+RST_REF = re.compile(r"`([^`<]*?)\s*(?:<[^>`]*>)?`__?")
+
+
+def rst_inline(text: str) -> str:
+    """A title or heading without its reStructuredText inline markup, as docutils shows it:
+    it is what a result's heading shows and what its chunks are embedded under."""
+    text = RST_LITERAL.sub(r"\1", text)
+    text = RST_ROLE.sub(r"\1", text)
+    text = RST_REF.sub(r"\1", text)
+    # an escaped character is itself, but an escaped space joins ("``X``\ s": "Xs")
+    return re.sub(r"\\(.)", lambda m: "" if m.group(1) == " " else m.group(1), text)
+
+
 def parse_rst(text: str, title: str) -> Doc:
     """Section titles (underlined, optionally overlined) become headings, levels in order of
     first appearance as in docutils; `::` literal blocks and directives stay whole."""
@@ -100,7 +117,8 @@ def parse_rst(text: str, title: str) -> Doc:
                 styles.append(style)
             text_line = lines[i + 1] if over else line
             end = i + 2 if over else i + 1
-            blocks.append(Block("heading", i, end, styles.index(style) + 1, text_line.strip()))
+            blocks.append(Block("heading", i, end, styles.index(style) + 1,
+                                rst_inline(text_line.strip())))
             i = end + 1
             continue
         if not line.strip():
@@ -126,7 +144,9 @@ def parse_rst(text: str, title: str) -> Doc:
     doc = Doc(lines=lines, blocks=blocks, title=title)
     if (named := rst_title(blocks)) is not None:
         retitle(doc, named)
-    return _with_headers(doc)
+    doc = _with_headers(doc)
+    doc.title = rst_inline(doc.title)  # (a PEP's Title: header is reStructuredText too)
+    return doc
 
 
 def rst_title(blocks: list[Block]) -> str | None:
