@@ -365,7 +365,7 @@ def test_a_long_note_taking_every_candidate_still_gives_k_notes(tmp_path):
     rankings are asked again for more candidates until k notes (or nothing more to give)."""
     sections = "\n\n".join(f"## Part {i}\n\nException groups wrap exception groups, part {i}."
                            for i in range(150))
-    docs = {"big.md": f"# Exception groups\n\n{sections}\n"}
+    docs = {"big.md": f"---\ntitle: Exception groups\n---\n# Exception groups\n\n{sections}\n"}
     docs.update({f"small/n{i}.md": f"# Note {i}\n\nA long note about topic {i} of many words "
                  f"that go on and on about other things, and once about Exception Groups.\n"
                  for i in range(12)})
@@ -378,3 +378,6 @@ def test_a_long_note_taking_every_candidate_still_gives_k_notes(tmp_path):
         assert reply["results"][0]["path"].endswith("big.md") and reply["widened"] == 400
         chunks = rs.search("exception groups", k=10, mode=mode, group="chunk")
         assert "widened" not in chunks  # (chunks: the first 100 were k already)
+        # a chunk result names its note's title, as a note result does (it showed the file's
+        # name: "pep-0622")
+        assert {r["title"] for r in chunks["results"]} == {"Exception groups"}, chunks

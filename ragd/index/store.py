@@ -549,13 +549,14 @@ def chunk_spans(db: sqlite3.Connection, ids) -> dict[int, tuple]:
 
 
 def chunk_results(db: sqlite3.Connection, ids) -> dict[int, sqlite3.Row]:
-    """chunk id -> what a search result shows of it: id, heading, line_start, line_end, text,
-    and its file's source, relpath, indexed_at, size, mtime_ns, note_date_ns, and its
+    """chunk id -> what a search result shows of it: id, file_id, heading, line_start, line_end,
+    text, and its file's source, relpath, indexed_at, size, mtime_ns, note_date_ns, and its
     meta's date and date_from (the note's date as shown, and where it came from)."""
     out: dict[int, sqlite3.Row] = {}
     for part, q in in_batches(indexed(ids)):
         out.update({r["id"]: r for r in db.execute(
-            "SELECT c.id, c.heading, c.line_start, c.line_end, c.text, f.source, f.relpath, "
+            "SELECT c.id, c.file_id, c.heading, c.line_start, c.line_end, c.text, f.source, "
+            "f.relpath, "
             "f.indexed_at, f.size, f.mtime_ns, f.note_date_ns, "
             "json_extract(f.meta, '$.date') AS date, "
             "json_extract(f.meta, '$.date_from') AS date_from "

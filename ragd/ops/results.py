@@ -20,14 +20,16 @@ class Results:
         self.p = parts
 
     def chunks(self, db: sqlite3.Connection, ranked: list[tuple[int, float, dict]],
-               k: int) -> list[dict]:
+               k: int, titled: bool = False) -> list[dict]:
         """A result per (chunk id, score, scores), best first, at most k; a chunk deleted
-        since it was ranked is left out. Each keeps its `chunk_id` for the caller to drop."""
+        since it was ranked is left out. Each keeps its `chunk_id` for the caller to drop.
+        titled: each has its note's `title` too (a note result sets its own)."""
         if not ranked:
             return []
         ranked = ranked[:k + 20]  # a few spare in case some were deleted meanwhile
         rows = store.chunk_results(db, [cid for cid, _, _ in ranked])
         out = []
+        notes = []  # each result's note (file id; an unsaved buffer's note id)
         for cid, score, parts in ranked:
             if store.unsaved(cid):  # a chunk of an unsaved buffer
                 hit = self.p.buffers.chunk(cid)
@@ -39,6 +41,7 @@ class Results:
                                 "score": round(score, 6), "scores": parts, "text": c.record.text,
                                 "indexed_at": None, "stale": False, "unsaved": True,
                                 "version": b.version, "chunk_id": cid})
+                    notes.append(b.note_id)
                 if len(out) == k:
                     break
                 continue
@@ -56,8 +59,13 @@ class Results:
                 "stale": _changed(path, r["size"], r["mtime_ns"]),
                 **_dated(r), "chunk_id": cid,
             })
+            notes.append(r["file_id"])
             if len(out) == k:
                 break
+        if titled:
+            titles = self.titles(db, notes)
+            for r, fid in zip(out, notes):
+                r["title"] = titles.get(fid) or Path(r["path"]).stem
         return out
 
     def notes(self, db: sqlite3.Connection, grouped: list, k: int, query: str,

@@ -89,7 +89,7 @@ class SearchOps:
                 results = self.results.notes(db, grouped, k, query, r.note_evidence, second)
             else:
                 results = self.results.chunks(
-                    db, [(c.chunk_id, c.score, c.parts) for c in r.candidates], k)
+                    db, [(c.chunk_id, c.score, c.parts) for c in r.candidates], k, titled=True)
         matcher = bm25.LineMatcher(query)
         for res in results:
             res.pop("chunk_id", None)
