@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BM25_ONLY, Daemon, make_pdf, ragctl, write_config
+from conftest import BM25_ONLY, Daemon, engine_config, make_pdf, ragctl, write_config
 
 
 def make_folder(root: Path) -> Path:
@@ -44,6 +44,10 @@ def test_document_folder(make_daemon, tmp_path):
         assert set(files) == {"notes.md", "readme.txt", "guide.rst", "paper.pdf", "binary.md"}
         assert files["binary.md"]["status"] == "skipped"
         assert files["binary.md"]["reason"] == "binary file (contains NUL bytes)"
+        # no embedding model here: related says so (it said "the embedding engine is
+        # starting", for ever)
+        r = ragctl("--config", d.config, "related", root / "notes.md")
+        assert r.returncode == 2 and "no embedding model is configured" in r.stderr, r.stderr
         for name in ("notes.md", "readme.txt", "guide.rst", "paper.pdf"):
             assert files[name]["status"] == "indexed" and files[name]["chunks"] >= 1, files[name]
         r = ragctl("--config", d.config, "files", "--status", "skipped")
@@ -115,3 +119,17 @@ def test_a_pdf_without_text_says_so(make_daemon, tmp_path):
         r = ragctl("--config", d.config, "files", "--json")
         f = json.loads(r.stdout)["files"][0]
         assert f["chunks"] == 0 and "no text in its 2 page(s)" in f["reason"], f
+
+
+def test_related_of_a_skipped_file_says_why(make_daemon, tmp_path):
+    """related of a file skipped as binary said "the note has no text to compare"."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "notes.md").write_text("# Okapi\n\nThe okapi lives in the Ituri rainforest.\n")
+    (root / "binary.md").write_bytes(b"\x00\x01 binary")
+    d = make_daemon(sources=[{"name": "docs", "path": str(root)}], extra=engine_config())
+    with d:
+        d.wait_idle(120, vectors=True)
+        r = ragctl("--config", d.config, "related", root / "binary.md")
+        assert r.returncode == 2 and "is not indexed: skipped, binary file" in r.stderr, \
+            r.stderr

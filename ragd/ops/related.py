@@ -45,6 +45,9 @@ class RelatedOps:
             raise OpError(P.BAD_ARGS, f"related: 'k' must be between 1 and 100, got {k}")
         space = self.p.vectors.active
         if space is None:
+            if "embedding" not in self.p.engines.configured:
+                raise OpError(P.UNAVAILABLE, "related: no embedding model is configured "
+                              "([embedding] model): related notes are found by meaning")
             raise OpError(P.UNAVAILABLE, "related: no vectors yet ("
                           + (self.p.engines.unavailable("embedding") or "the embedding engine is "
                              "starting") + ")")
@@ -153,6 +156,9 @@ class RelatedOps:
                 raise OpError(P.NOT_FOUND, f"related: {path} is not in any source")
             if row is None:
                 raise OpError(P.NOT_FOUND, f"related: {path} is not indexed")
+            if row["status"] in ("skipped", "failed"):  # (it said "no text to compare")
+                raise OpError(P.NOT_FOUND, f"related: {path} is not indexed: {row['status']}, "
+                              f"{row['reason']}")
             chunks = store.file_chunks(db, row["id"])
             ids, vecs = self.p.vectors.vectors_of(db, self.p.vectors.active,
                                                   [c[0] for c in chunks])
