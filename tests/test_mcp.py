@@ -289,7 +289,7 @@ def test_tool_errors_while_ragd_is_not_running(make_daemon, vault, tmp_path):
             assert res["isError"] is False
             assert res["structuredContent"]["results"][0]["path"] == str(vault / NOTE)
             res = m.call("related", {"path": str(vault / NOTE)})  # no embedding model here
-            assert res["isError"] is True and "no vectors" in text_of(res)
+            assert res["isError"] is True and "no embedding model is configured" in text_of(res)
         res = m.call("status")  # and goes away again
         assert res["isError"] is True and "not running" in text_of(res)
         assert m.close() == 0
@@ -779,7 +779,7 @@ def test_every_tool_error_starts_with_the_tools_name(daemon, vault, tmp_path):
                  ("get", {"path": "/etc/passwd"}, "not inside a configured source"),
                  ("get", {"path": f"{vault / NOTE}:9999"}, "past the end"),
                  ("related", {}, "give either 'path' (a note) or 'text' (a passage)"),
-                 ("related", {"path": str(vault / NOTE)}, "no vectors"),
+                 ("related", {"path": str(vault / NOTE)}, "no embedding model is configured"),
                  ("status", {"x": 1}, "unknown argument(s) 'x'")]
         for tool, args, said in cases:
             res = m.call(tool, args)
