@@ -23,7 +23,7 @@ class Results:
                k: int, titled: bool = False) -> list[dict]:
         """A result per (chunk id, score, scores), best first, at most k; a chunk deleted
         since it was ranked is left out. Each keeps its `chunk_id` for the caller to drop.
-        titled: each has its note's `title` too (a note result sets its own)."""
+        titled: each has its note's `title` too."""
         if not ranked:
             return []
         ranked = ranked[:k + 20]  # a few spare in case some were deleted meanwhile
@@ -75,7 +75,8 @@ class Results:
         too (for ask)."""
         top = grouped[:k + 10]  # spares, in case some were deleted meanwhile
         passages.choose(db, top, query)
-        best = self.chunks(db, [(n.best.chunk_id, n.score, n.best.parts) for n in top], k)
+        best = self.chunks(db, [(n.best.chunk_id, n.score, n.best.parts) for n in top], k,
+                           titled=True)
         passages.widen(db, best)
         by_chunk = {n.best.chunk_id: n for n in top}
         others = [c.chunk_id for n in top for c in n.chunks[1:]]
@@ -84,11 +85,9 @@ class Results:
             if store.unsaved(cid) and (hit := self.p.buffers.chunk(cid)):
                 r = hit[1].record
                 spans[cid] = (cid, r.line_start, r.line_end, r.heading)
-        titles = self.titles(db, [n.file_id for n in top])
         out = []
         for r in best:
             n = by_chunk[r.pop("chunk_id")]
-            r["title"] = titles.get(n.file_id) or Path(r["path"]).stem
             r["scores"] = {**r["scores"], "note": round(n.score, 6)}
             if evidence and n.file_id in evidence:
                 added, score, rank = evidence[n.file_id]
