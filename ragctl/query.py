@@ -53,8 +53,8 @@ def do_search(args) -> int:
                          f"indexed, and may not be in these results yet")
         # (while vectors are coming, no close match among the chunks embedded so far is no
         # finding yet: the coverage line says how far they are)
-        # (weak_meaning: the best cosine just above the threshold, "sourdough starter" at 0.34
-        # beside a note holding "starter": as good as none, said as for below the threshold)
+        # (weak_meaning: the best cosine just above the threshold is as good as none; the
+        # results then hold the query's words, not its meaning, as below the threshold)
         below = (res.get("below_threshold") or res.get("weak_meaning")) and not (
             res.get("vector_coverage") is not None and res["vector_coverage"] < 1)
         if below:

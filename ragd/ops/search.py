@@ -67,9 +67,8 @@ class SearchOps:
             t = time.perf_counter()
             grouped = notes.group(db, r.candidates, r.reranked, self.p.buffers, r.note_evidence)
             while group == "note" and len(grouped) < k and r.full and r.asked < MAX_CANDIDATES:
-                # A few long notes took every candidate ("exception groups": 96 chunks of PEP
-                # 654, 2 notes for -k 10): the rankings are asked for more, until k notes or
-                # no ranking has more to give
+                # A few long notes can take every candidate, each with many matching chunks:
+                # the rankings are asked for more, until k notes or no ranking has more to give
                 r = self.p.searcher.run(db, query, k, mode, filters, rerank, group, text_view,
                                         min(r.asked * WIDEN, MAX_CANDIDATES))
                 r.widened = r.asked

@@ -455,8 +455,8 @@ class Searcher:
         alone = [c for c in ranked if "bm25" not in parts[c]]
         weak = [c for c in alone if parts[c].get("vector", floor) < floor]
         # A lookup of a few words: its chunks by meaning alone must be as close to the query
-        # itself as a match by meaning alone must be (the threshold + MEANING_MARGIN): a
-        # made-up word one note holds came back with a note of cosine 0.33 after it. (A few:
+        # itself as a match by meaning alone must be (the threshold + MEANING_MARGIN): the
+        # words answer a lookup, and a note beside it by a weak cosine is noise. (A few:
         # all_terms_match is then cheap, and asked of most searches' meaning-only tails.)
         bar = floor if len(content_terms(q.text)) > 3 else \
             max(floor, round(self.threshold() + MEANING_MARGIN, 4))
