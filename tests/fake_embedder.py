@@ -107,6 +107,9 @@ class FakeEngines:
     def query_first(self, engine):  # no bulk engine to pause
         return contextlib.nullcontext()
 
+    def embed_waited(self, model, work, first=None):  # one engine: nothing to fail over to
+        return work(first or self._engine)
+
     def unavailable(self, role: str) -> str | None:
         return None
 

@@ -223,6 +223,31 @@ def test_killed_engine_is_restarted_and_search_degrades_meanwhile(make_daemon, t
         assert not any(map(alive, engine_pids)), "engine orphaned by a killed daemon"
 
 
+def test_a_query_engine_lost_part_way_hands_the_query_to_the_bulk_engine(make_daemon,
+                                                                          tmp_path):
+    """The query engine dies while it embeds a query (stopped by a model switch's hand-over,
+    killed): the bulk engine, up beside it, embeds the query, and the search answers by
+    meaning. Before, that search was degraded to keywords although an engine was up."""
+    import threading
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=src(root), extra=engine_config())
+    with d:
+        st = wait_embedded(d)
+        qpid = st["engines"]["embedding"]["query_engine"]["pid"]
+        os.kill(qpid, signal.SIGSTOP)  # still "ready": the search sends it the query
+        got = {}
+        t = threading.Thread(target=lambda: got.update(
+            d.call("search", query="make a task repeat", k=3)))
+        t.start()
+        time.sleep(1.0)  # the query is in flight to the stopped engine
+        os.kill(qpid, signal.SIGKILL)
+        t.join(30)
+        assert got["mode"] == "hybrid" and got["degraded"] is False, got
+        assert got["results"] and got["best_similarity"] > 0, got
+        log = d.log.read_text()
+        assert "query engine did not answer" in log and "the embedding engine embeds it" in log
+
+
 def test_engine_that_keeps_dying_is_marked_failed(make_daemon, tmp_path, engine_kind):
     root = small_vault(tmp_path / "vault")
     broken = tmp_path / "broken.gguf"

@@ -17,6 +17,7 @@ import threading
 import time
 
 from ragd.engines import models
+from ragd.engines.client import EngineUnavailable
 from ragd.engines.models import ModelError, ResolvedModel
 from ragd.engines.supervisor import Engine, EngineSettings, cores
 
@@ -384,12 +385,37 @@ class Engines:
             e for e in (self.embed_engine, self.next_engine) if e is not None]
         return self._query_first.around(bulk)
 
-    def query_engine_ready(self, model: ResolvedModel | None = None) -> Engine | None:
+    def query_engine_ready(self, model: ResolvedModel | None = None,
+                           skip: tuple = ()) -> Engine | None:
         """The engine to embed a query with: the query engine, else the main one, if up —
         of this model (during a model switch two models run: a query must be embedded by the
-        model of the space it searches)."""
+        model of the space it searches); none of `skip`."""
         for e in (self.query_engine, self.embed_engine, self.next_engine):
-            if e is not None and e.ready and (model is None or e.model.path == model.path
-                                              and e.model.pooling == model.pooling):
+            if e is not None and e.ready and e not in skip and (
+                    model is None or e.model.path == model.path
+                    and e.model.pooling == model.pooling):
                 return e
         return None
+
+    def embed_waited(self, model: ResolvedModel | None, work, first: Engine | None = None):
+        """work(engine) — someone waits for it: a query, an editor's buffer, `related` —
+        on the engine query_engine_ready gives (or `first`), the bulk engines paused meanwhile.
+        An engine that stops answering part way (stopped by a model switch's hand-over,
+        killed, hung) hands the work to the next one of the model that is ready: one engine
+        going is no reason to answer without meaning while another is up. Raises the last
+        EngineUnavailable (or an EngineError: the request is at fault, not the engine)."""
+        tried: list[Engine] = []
+        engine = first or self.query_engine_ready(model)
+        while True:
+            if engine is None:
+                raise EngineUnavailable("no embedding engine is ready")
+            try:
+                with self.query_first(engine):
+                    return work(engine)
+            except EngineUnavailable as e:
+                tried.append(engine)
+                engine = self.query_engine_ready(model, skip=tuple(tried))
+                if engine is None:
+                    raise e from None
+                log.info("%s engine did not answer (%s): the %s engine embeds it",
+                         tried[-1].role, e, engine.role)

@@ -221,8 +221,12 @@ class Engine:
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         self._stop.set()
+        # not ready from now: a request sent to it while it stops would be lost (its monitor
+        # says so only once it sees the process gone)
+        self._ready.clear()
         self._retry.set()
         self._kill("stopping", grace)
+        self._ready.clear()
         self.worker.stop(grace + 1)
         self.state = STOPPED
         try:  # the engine leaves its socket file behind

@@ -342,10 +342,10 @@ class BufferStore:
                 self._stop.wait(0.5)
                 continue
             limit = (engines.embed_model.context if engines.embed_model else 512) - 4
-            try:
-                with engines.query_first(engine):  # an editor waits: bulk paused meanwhile
-                    vecs = engine.client.embed([engine.client.fit(t, limit)[0]
-                                                for _, t in batch])
+            try:  # an editor waits: bulk paused meanwhile
+                vecs = engines.embed_waited(
+                    engine.model, lambda e: e.client.embed([e.client.fit(t, limit)[0]
+                                                            for _, t in batch]), engine)
             except (EngineUnavailable, EngineError) as e:
                 log.debug("embedding buffer texts: %s", e)
                 self._stop.wait(0.5)

@@ -176,11 +176,11 @@ class RelatedOps:
         if engine is None or not pieces:
             return [], np.empty((0, 1)), set(), None, []
         model = engine.model
-        try:
-            with self.p.engines.query_first(engine):  # someone waits: bulk paused meanwhile
-                vecs = engine.client.embed([model.doc_prefix + chunker.embed_text(c.heading,
-                                                                                 c.body)[:4000]
-                                            for c in pieces], timeout=30)
+        texts = [model.doc_prefix + chunker.embed_text(c.heading, c.body)[:4000]
+                 for c in pieces]
+        try:  # someone waits: bulk paused meanwhile
+            vecs = self.p.engines.embed_waited(
+                model, lambda e: e.client.embed(texts, timeout=30), engine)
         except (EngineError, EngineUnavailable) as e:
             raise OpError(P.UNAVAILABLE, f"related: the embedding engine: {e}") from None
         return ([{"line_start": c.line_start, "line_end": c.line_end} for c in pieces], vecs,

@@ -523,22 +523,33 @@ class Searcher:
             return _done(engines.unavailable("embedding")
                          or "the embedding engine is starting"), False
 
+        def embed_in(space, engine):
+            # a query past the model's context (an agent pasting a page) is cut to it, as
+            # documents are: the engine would refuse it, and search say the engine is down
+            limit = space.model.context - 4  # ([CLS]/[SEP] or BOS/EOS)
+
+            def work(engine):
+                text, n = engine.client.fit(space.model.query_prefix + query, limit)
+                return engine.client.embed([text], timeout=10.0)[0], (
+                    {"tokens": n, "kept": limit} if n is not None and n > limit else None)
+            return engines.embed_waited(space.model, work, engine)
+
         def embed():
             t = time.perf_counter()
-            text = space.model.query_prefix + query
-            truncated = None
+            used = space
             try:
-                # a query past the model's context (an agent pasting a page) is cut to it, as
-                # documents are: the engine would refuse it, and search say the engine is down
-                limit = space.model.context - 4  # ([CLS]/[SEP] or BOS/EOS)
-                with engines.query_first(engine):  # bulk embedding paused meanwhile
-                    text, n = engine.client.fit(text, limit)
-                    if n is not None and n > limit:
-                        truncated = {"tokens": n, "kept": limit}
-                    qv = engine.client.embed([text], timeout=10.0)[0]
+                try:
+                    qv, truncated = embed_in(space, engine)
+                except (EngineUnavailable, EngineError):
+                    used = self.vectors.active
+                    if used is None or used is space:
+                        raise
+                    # a model switch was done meanwhile, and the old model's engines stopped:
+                    # the query is embedded by the new model, and searched in its space
+                    qv, truncated = embed_in(used, None)
             except (EngineUnavailable, EngineError) as e:
                 return f"the embedding engine is unavailable: {e}"
-            return _Embedded(space, qv, round((time.perf_counter() - t) * 1e3, 2), truncated)
+            return _Embedded(used, qv, round((time.perf_counter() - t) * 1e3, 2), truncated)
 
         return self._pool.submit(embed), engine.takes_every_core
 
