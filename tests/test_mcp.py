@@ -207,11 +207,34 @@ def test_handshake_era(daemon, vault, tmp_path, version):
     assert "initialize from pytest" in m.stderr()
 
 
+def test_a_2024_11_05_client_gets_that_revisions_shapes(daemon, vault, tmp_path):
+    """A client that speaks only 2024-11-05 is answered in it (offered 2025-11-25, it would
+    have to disconnect): tools without titles, annotations or output schemas, results as
+    text alone, and arguments that fail the schema a JSON-RPC error, as that revision has."""
+    with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+        init = m.initialize("2024-11-05")
+        assert init["protocolVersion"] == "2024-11-05"
+        assert init["serverInfo"] == {"name": "ragd", "version": init["serverInfo"]["version"]}
+        tools = tool_schemas(m.result("tools/list")["tools"])
+        assert list(tools) == ["search", "get", "status", "related"]
+        for t in tools.values():
+            assert set(t) == {"name", "description", "inputSchema"}, t
+        res = m.call("search", {"query": PHRASE, "k": 3, "mode": "bm25"})
+        assert res["isError"] is False and set(res) == {"content", "isError"}, res
+        assert f"{vault / NOTE}:" in text_of(res)
+        err = m.error("tools/call", {"name": "search", "arguments": {"query": PHRASE, "k": 0}})
+        assert err["code"] == -32602 and err["message"].startswith("search: "), err
+        bad = m.call("get", {"path": str(vault / "no such note.md")})
+        assert bad["isError"] is True and set(bad) == {"content", "isError"}, bad
+        assert m.close() == 0
+
+
 def test_stateless_era(daemon, vault, tmp_path):
     with Mcp("--socket", daemon.socket, tmp=tmp_path) as m:
         disc = m.result("server/discover", meta())
         assert disc["resultType"] == "complete"
-        assert disc["supportedVersions"] == ["2026-07-28", "2025-11-25", "2025-06-18"]
+        assert disc["supportedVersions"] == ["2026-07-28", "2025-11-25", "2025-06-18",
+                                             "2024-11-05"]
         assert disc["capabilities"] == {"tools": {"listChanged": False}}
         assert disc["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "ragd"
         assert disc["ttlMs"] > 0 and disc["cacheScope"] == "public" and disc["instructions"]
@@ -255,15 +278,16 @@ def test_version_negotiation(tmp_path):
                 err = m.error(method, meta(asked))
                 assert err["code"] == -32022, (asked, err)
                 assert err["message"].startswith("Unsupported protocol version")
-                assert err["data"] == {"supported": ["2026-07-28", "2025-11-25", "2025-06-18"],
-                                       "requested": asked}
+                assert err["data"] == {"supported": ["2026-07-28", "2025-11-25", "2025-06-18",
+                                                     "2024-11-05"], "requested": asked}
         assert m.error("tools/list", meta(20260728))["code"] == -32602
         assert m.error("tools/list", {"_meta": "2026-07-28"})["code"] == -32602
         err = m.error("tools/list")  # neither era
         assert err["code"] == -32602 and "initialize" in err["message"]
         # The handshake revisions: a version we do not speak is answered with our newest.
-        for asked, got in (("2025-06-18", "2025-06-18"), ("2024-11-05", "2025-11-25"),
-                           ("2026-07-28", "2025-11-25"), ("1.0", "2025-11-25")):
+        for asked, got in (("2025-06-18", "2025-06-18"), ("2024-11-05", "2024-11-05"),
+                           ("2025-03-26", "2025-11-25"), ("2026-07-28", "2025-11-25"),
+                           ("1.0", "2025-11-25")):
             assert m.initialize(asked)["protocolVersion"] == got
         for bad in ({}, {"protocolVersion": 20250618},
                     {"protocolVersion": "2025-06-18", "capabilities": []}):

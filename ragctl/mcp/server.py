@@ -16,12 +16,13 @@ from typing import Any, BinaryIO
 from ragctl.mcp.daemon import Call, Daemon
 from ragctl.mcp.schema import BadArguments, check
 from ragctl.mcp.tools import TOOLS, Tool
-from ragctl.mcp.wire import (CAPABILITIES, HANDSHAKE, HANDSHAKE_METHODS, INSTRUCTIONS,
-                             INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, LIST_TTL_MS,
-                             MAX_LINE, META_CAPABILITIES, META_VERSION, METHOD_NOT_FOUND,
-                             METHODS, MODERN, MODERN_METHODS, PARSE_ERROR, SERVER_INFO,
-                             SUPPORTED, UNSUPPORTED_PROTOCOL_VERSION, RpcError, ToolError, clip,
-                             error, id_key, not_json, said_by, stamp, tool_error)
+from ragctl.mcp.wire import (ARGS_PROTOCOL_ERROR, CAPABILITIES, HANDSHAKE, HANDSHAKE_METHODS,
+                             INSTRUCTIONS, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST,
+                             LIST_TTL_MS, MAX_LINE, META_CAPABILITIES, META_VERSION,
+                             METHOD_NOT_FOUND, METHODS, MODERN, MODERN_METHODS, PARSE_ERROR,
+                             SERVER_INFO, SUPPORTED, UNSTRUCTURED,
+                             UNSUPPORTED_PROTOCOL_VERSION, RpcError, ToolError, clip, error,
+                             id_key, not_json, said_by, stamp, tool_error)
 
 log = logging.getLogger("ragctl.mcp")
 
@@ -174,7 +175,8 @@ class Server:
         if method == "tools/list":
             if params.get("cursor") is not None:
                 raise RpcError(INVALID_PARAMS, "Invalid cursor: tools/list has one page")
-            result: dict = {"tools": [t.listing() for t in TOOLS.values()]}
+            result: dict = {"tools": [t.listing(era not in UNSTRUCTURED)
+                                      for t in TOOLS.values()]}
             if era in MODERN:
                 result.update(ttlMs=LIST_TTL_MS, cacheScope="public")
             return result
@@ -195,8 +197,10 @@ class Server:
                  client.get("version", ""), version,
                  "" if version == asked else f" (it asked for {asked})")
         self.handshake_version = version
+        info = ({k: v for k, v in SERVER_INFO.items() if k != "title"}
+                if version in UNSTRUCTURED else SERVER_INFO)
         return {"protocolVersion": version, "capabilities": CAPABILITIES,
-                "serverInfo": SERVER_INFO, "instructions": INSTRUCTIONS}
+                "serverInfo": info, "instructions": INSTRUCTIONS}
 
     # -- tool calls -----------------------------------------------------------------------------
 
@@ -214,7 +218,7 @@ class Server:
         try:
             check(tool.input_schema, args, "arguments")
         except BadArguments as e:
-            if era == "2025-06-18":  # that revision makes invalid arguments a protocol error
+            if era in ARGS_PROTOCOL_ERROR:
                 raise RpcError(INVALID_PARAMS, said_by(name, str(e))) from None
             self.send({"jsonrpc": "2.0", "id": req_id,
                        "result": stamp(tool_error(name, str(e)), era)})

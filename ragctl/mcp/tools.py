@@ -25,7 +25,11 @@ class Tool:
     annotations: dict = field(default_factory=lambda: {"readOnlyHint": True,
                                                        "openWorldHint": False})
 
-    def listing(self) -> dict:
+    def listing(self, structured: bool = True) -> dict:
+        """The tool as tools/list gives it; not `structured`: as 2024-11-05 knew a tool."""
+        if not structured:
+            return {"name": self.name, "description": self.description,
+                    "inputSchema": self.input_schema}
         return {"name": self.name, "title": self.title, "description": self.description,
                 "inputSchema": self.input_schema, "outputSchema": self.output_schema,
                 "annotations": {"title": self.title, **self.annotations}}

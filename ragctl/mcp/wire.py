@@ -3,9 +3,10 @@ who we say we are, and the shapes of replies (errors, tool failures, the statele
 
 Both eras of the protocol are served by one process:
 
-* the handshake era, 2025-06-18 and 2025-11-25: ``initialize`` settles a version for the
-  process (the requested one if we speak it, else our newest, as those revisions prescribe),
-  then requests carry no version;
+* the handshake era, 2024-11-05, 2025-06-18 and 2025-11-25: ``initialize`` settles a version
+  for the process (the requested one if we speak it, else our newest, as those revisions
+  prescribe), then requests carry no version; a 2024-11-05 client gets that revision's shapes
+  (no titles, annotations, output schemas or structuredContent: the text carries it all);
 * the stateless era, 2026-07-28: every request names its version and the client's capabilities
   in ``params._meta``; ``server/discover`` lists what we speak; results carry ``resultType``
   and our ``serverInfo``; a version we do not speak gets UnsupportedProtocolVersionError
@@ -24,7 +25,14 @@ from typing import Any
 from ragd import protocol as P
 
 MODERN = ("2026-07-28",)
-HANDSHAKE = ("2025-11-25", "2025-06-18")  # newest first: the counter-offer is HANDSHAKE[0]
+# newest first: the counter-offer is HANDSHAKE[0]. (2025-03-26 is not spoken: it requires
+# JSON-RPC batches, which no other revision has; its clients are offered 2025-11-25.)
+HANDSHAKE = ("2025-11-25", "2025-06-18", "2024-11-05")
+# Revisions from before tool titles, annotations, output schemas and structuredContent.
+UNSTRUCTURED = ("2024-11-05",)
+# Revisions that make arguments failing a tool's input schema a JSON-RPC error (-32602), not
+# a tool result.
+ARGS_PROTOCOL_ERROR = ("2025-06-18", "2024-11-05")
 SUPPORTED = MODERN + HANDSHAKE
 
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
@@ -109,7 +117,10 @@ def tool_error(tool: str, message: str) -> dict:
 
 
 def stamp(result: dict, era: str) -> dict:
-    """A 2026-07-28 result says it is complete and who answered; older ones carry neither."""
+    """A 2026-07-28 result says it is complete and who answered; older ones carry neither,
+    and a 2024-11-05 tool result has no structuredContent."""
+    if era in UNSTRUCTURED:
+        result = {k: v for k, v in result.items() if k != "structuredContent"}
     if era in MODERN:
         result = {**result, "resultType": "complete",
                   "_meta": {**result.get("_meta", {}), META_SERVER_INFO: SERVER_INFO}}
