@@ -54,6 +54,8 @@ class _Progress:
 def _explain(scores: dict, weights: dict | None) -> str:
     """Each signal's rank and score for one result (search --explain)."""
     out = []
+    if "named" in scores:
+        out.append(f"the query is this note's name ({scores['named']!r}): first")
     for name in ("bm25", "vector"):
         if f"{name}_rank" in scores:
             w = f", weight {weights[name]}" if weights and name in weights else ""

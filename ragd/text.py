@@ -44,6 +44,15 @@ def note_keywords(heading: str, keywords: str, body: str) -> str:
 PHRASE = re.compile(r'"([^"]+)"')
 WORD = re.compile(r"\w+", re.UNICODE)
 
+
+def name_key(text: str) -> str:
+    """A note's name (its title, an alias) as it is looked up, and a query compared with it:
+    its words casefolded, a number padded to three digits or more without its zeros
+    ("pep-0008" and "PEP 8" are both "pep 8")."""
+    return " ".join(str(int(w)) if len(w) >= 3 and w[0] == "0" and w.isascii() and w.isdigit()
+                    else w for w in WORD.findall(text.casefold()))
+
+
 # Weights of the FTS columns (heading, keywords, body) in bm25(): a word of the heading path or
 # of the note's aliases and tags counts a little more than one in the body.
 HEADING_WEIGHT = 1.5

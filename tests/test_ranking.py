@@ -381,3 +381,39 @@ def test_a_long_note_taking_every_candidate_still_gives_k_notes(tmp_path):
         # a chunk result names its note's title, as a note result does (it showed the file's
         # name: "pep-0622")
         assert {r["title"] for r in chunks["results"]} == {"Exception groups"}, chunks
+
+
+# A PEP named by its number, among PEPs that say "8" more often than it does ("3.8",
+# "UTF-8") and that all say "PEP"
+PEPS = {
+    "peps/pep-0008.rst": "PEP: 8\nTitle: Style Guide for Python Code\nStatus: Active\n\n"
+                         "Introduction\n============\n\nThis document gives coding "
+                         "conventions for the code in the standard library.\n",
+    **{f"peps/pep-{n:04d}.rst": f"PEP: {n}\nTitle: Python 3.8 topic {n}\nStatus: Final\n\n"
+                                f"Abstract\n========\n\nIn Python 3.8 (see PEP 8) the UTF-8 "
+                                f"mode, 3.8.0 and 3.8.1: 8 changes, UTF-8 again.\n"
+       for n in (569, 540, 686, 3120, 606, 578)},
+    **{f"{d}/index.md": f"# index\n\nThe {d} folder's index of notes.\n" for d in "abcd"},
+}
+
+
+def test_a_query_that_is_a_notes_name_finds_that_note_first(tmp_path):
+    """"PEP 8" is PEP 8's name (its header's number), and "pep-0008" its file's: the note
+    comes first, although every PEP says "PEP" and the others say "8" more often. Before,
+    the PEPs repeating "3.8" and "UTF-8" came first. A name that more than three notes share
+    names none of them, and a filter still applies."""
+    s = RankedStore(tmp_path, PEPS, FakeEmbedder({}, default=axis(0)))
+    pep8 = s.path("peps/pep-0008.rst")
+    for query in ("PEP 8", "pep-0008", "pep 0008", "style guide for python code"):
+        for mode in ("hybrid", "bm25"):
+            res = s.search(query, k=3, mode=mode)
+            assert res["results"][0]["path"] == pep8, (query, mode, res["results"])
+            assert res["results"][0]["scores"]["named"], res["results"][0]
+            assert all("named" not in r["scores"] for r in res["results"][1:])
+        res = s.search(query, k=3, mode="bm25", group="chunk")
+        assert res["results"][0]["path"] == pep8, (query, res["results"])
+    res = s.search("PEP 8", k=3, mode="bm25", path="peps/pep-0569.rst")
+    assert [r["path"] for r in res["results"]] == [s.path("peps/pep-0569.rst")]
+    res = s.search("index", k=5, mode="bm25")
+    assert len(res["results"]) == 4 and all("named" not in r["scores"]
+                                            for r in res["results"])

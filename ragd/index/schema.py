@@ -8,12 +8,13 @@ Never edit a migration that has shipped; add a new one.
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import time
 from typing import Callable
 
-from ragd.text import note_keywords, symbol_words, with_symbols
+from ragd.text import name_key, note_keywords, symbol_words, with_symbols
 
 log = logging.getLogger("ragd.store")
 
@@ -342,6 +343,22 @@ def m010_chunks_generation(db: sqlite3.Connection) -> None:
     """)
 
 
+
+@migration
+def m011_note_names(db: sqlite3.Connection) -> None:
+    """Each note's names — its title and aliases, as text.name_key gives them — for a search
+    that is a note's name (search/names.py). Kept with notes_fts by refresh_notes; filled for
+    the notes there are by check_notes (NOTES_FORMAT 4)."""
+    run_script(db, """
+        CREATE TABLE IF NOT EXISTS note_names (
+            key     TEXT NOT NULL,
+            file_id INTEGER NOT NULL,
+            PRIMARY KEY (key, file_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS note_names_file ON note_names (file_id);
+    """)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -376,6 +393,23 @@ def note_row(chunks: list[tuple[str, str, str]]) -> tuple[str, str, str, str]:
     return title, keywords, "\n".join(headings), body + ("\n" + signs if signs else "")
 
 
+def note_names(db: sqlite3.Connection, titles: dict[int, str]) -> list[tuple[str, int]]:
+    """(name key, file id) of each of these notes' names: its title and its aliases (the
+    frontmatter's, a document's file name and number: the file's meta)."""
+    out = []
+    metas = dict(db.execute(f"SELECT id, meta FROM files WHERE id IN "
+                            f"({','.join('?' * len(titles))})", list(titles))) if titles else {}
+    for fid, title in titles.items():
+        try:
+            aliases = (json.loads(metas.get(fid) or "null") or {}).get("aliases") or []
+        except ValueError:
+            aliases = []
+        for name in (title, *(a for a in aliases if isinstance(a, str))):
+            if key := name_key(name):
+                out.append((key, fid))
+    return out
+
+
 def refresh_notes(db: sqlite3.Connection) -> int:
     """Rebuild the notes_fts rows of the files whose chunks changed in this transaction (marked
     in notes_dirty by triggers); returns how many. Call inside the writer's transaction, before
@@ -390,16 +424,19 @@ def refresh_notes(db: sqlite3.Connection) -> int:
                 f"SELECT file_id, heading, keywords, body FROM chunks WHERE file_id IN ({marks}) "
                 "ORDER BY file_id, ordinal", part):
             chunks.setdefault(fid, []).append((heading, keywords, body))
+        rows = [(fid, *note_row(cs)) for fid, cs in chunks.items()]
         db.executemany("INSERT INTO notes_fts (rowid, title, keywords, headings, body) "
-                       "VALUES (?, ?, ?, ?, ?)",
-                       [(fid, *note_row(cs)) for fid, cs in chunks.items()])
+                       "VALUES (?, ?, ?, ?, ?)", rows)
+        db.execute(f"DELETE FROM note_names WHERE file_id IN ({marks})", part)
+        db.executemany("INSERT OR IGNORE INTO note_names (key, file_id) VALUES (?, ?)",
+                       note_names(db, {row[0]: row[1] for row in rows}))
     if dirty:
         db.execute("DELETE FROM notes_dirty")
     return len(dirty)
 
 
-NOTES_FORMAT = "3"  # of notes_fts's rows (note_row): another rebuilds them (2: symbol words;
-# 3: those of the title, aliases, tags and headings too)
+NOTES_FORMAT = "4"  # of notes_fts's rows (note_row): another rebuilds them (2: symbol words;
+# 3: those of the title, aliases, tags and headings too; 4: note_names beside them)
 
 
 def check_notes(db: sqlite3.Connection) -> None:

@@ -148,11 +148,29 @@ def _display(doc: Doc, pieces: list[_Piece]) -> str:
     return "\n".join(parts)
 
 
+# A number padded to three digits or more: "0008", "012" (not the "03" of a date)
+PADDED = re.compile(r"(?<![\d.,:])0+(\d+)(?!\d)")
+
+
+def unpadded(*names: str) -> list[str]:
+    """The names holding a zero-padded number ("pep-0008", "ADR-0012 Use Postgres"), with
+    the zeros dropped: they are looked up as "pep 8" and "ADR 12", and the padded and the plain
+    number are different words."""
+    out = []
+    for name in names:
+        plain = PADDED.sub(lambda m: m.group(1) if len(m.group(0)) >= 3 else m.group(0),
+                           name)
+        if plain != name and plain not in out:
+            out.append(plain)
+    return out
+
+
 def chunk_doc(doc: Doc, budget: int = 256, overlap: int = 48) -> list[Chunk]:
     chunks: list[Chunk] = []
     path: list[tuple[int, str]] = []
     section: list[_Piece] = []
-    keywords = " ".join([*doc.aliases, *(t.replace("/", " ") for t in doc.tags)])
+    keywords = " ".join([*doc.aliases, *(t.replace("/", " ") for t in doc.tags),
+                         *unpadded(doc.title, *doc.aliases)])
 
     def heading_path() -> str:
         names = [h for _, h in path]

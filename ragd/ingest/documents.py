@@ -67,10 +67,14 @@ def retitle(doc: Doc, title: str) -> None:
 
 
 def _with_headers(doc: Doc) -> Doc:
-    """A document's headers (headers) name its title and date."""
+    """A document's headers (headers) name its title, date, and its number when its first
+    header gives one ("PEP: 8": an alias "PEP 8", the name people look it up by)."""
     found = headers(doc.lines[:200])
     if found.get("Title"):
         retitle(doc, found["Title"])
+    key, value = next(iter(found.items()), ("", ""))
+    if value.isascii() and value.isdigit() and f"{key} {int(value)}" not in doc.aliases:
+        doc.aliases.append(f"{key} {int(value)}")
     if (dated := dates.from_fields(found, "header")) is not None:
         doc.date, doc.date_from = dated
     return doc

@@ -13,7 +13,7 @@ from ragd.ingest.markdown import Doc
 MARKDOWN = (".md", ".markdown")
 # How files become Docs: another version reads every file again once (runtime._reading), so
 # that what a new parser finds (2: a note's date, a document's title) is in the index.
-PARSER = 2
+PARSER = 3
 SLOW = (".pdf",)  # read through a helper program, which may take seconds: off the main lane
 
 

@@ -17,9 +17,10 @@ from ragd.ops.parts import Parts
 from ragd.ops.results import Results
 from ragd.ops.status import StatusOps
 from ragd.replies import OpError
-from ragd.search import ask, bm25, notes
+from ragd.index import store
+from ragd.search import ask, bm25, names, notes
 from ragd.search.filters import Filters
-from ragd.search.fusion import lift
+from ragd.search.fusion import Candidate, lift
 from ragd.search.hybrid import MODES
 
 ECHO_CHARS = 1000  # of a search's query echoed in its reply (query_chars: the whole length)
@@ -34,6 +35,34 @@ class SearchOps:
         self.p = parts
         self.status = status  # its wait, for search --wait
         self.results = results
+
+    def _named_first(self, db, query: str, filters: Filters, r, grouped: list,
+                     group: str) -> None:
+        """A query that is a note's name puts that note first (search/names.py): in grouped
+        (notes), or in r.candidates (chunks). Its scores say `named`."""
+        key, ids = names.named(db, query, exclude=set(filters.exclude_files))
+        if ids and filters.active:
+            cond, params = filters.where("f")
+            marks = ",".join("?" * len(ids))
+            passed = {row[0] for row in db.execute(
+                f"SELECT f.id FROM files f WHERE f.id IN ({marks}) AND {cond}", [*ids, *params])}
+            ids = [f for f in ids if f in passed]
+        if not ids:
+            return
+        r.nothing_relevant, r.reason = False, None
+
+        def mark(c):
+            c.parts["named"] = key
+        if group == "note":
+            names.put_first(db, grouped, ids, lambda n: n.file_id,
+                            lambda fid, cid, score: notes.Note(fid, score,
+                                                               [Candidate(cid, score, {})]),
+                            lambda n: [mark(c) for c in n.chunks])  # (any may be shown)
+        else:
+            files = store.chunk_files(db, [c.chunk_id for c in r.candidates])
+            names.put_first(db, r.candidates, ids,
+                            lambda c: files.get(c.chunk_id, (None,))[0],
+                            lambda fid, cid, score: Candidate(cid, score, {}), mark)
 
     def cmd_search(self, query: str, k: int | None, mode: str | None, sources: list | None,
                    rerank: bool | None, wait: float, path: str | None = None,
@@ -79,6 +108,8 @@ class SearchOps:
                 cid = r.trusted.chunk_id
                 r.trusted.lifted_from = lift(
                     grouped, lambda n: any(c.chunk_id == cid for c in n.chunks), r.trusted.rank)
+            if not r.filtered_out:
+                self._named_first(db, query, filters, r, grouped, group)
             conf = notes.confidence(
                 db, query, grouped, self.p.buffers,
                 (text, text_view[0]) if text_view and text_view[0] else None
