@@ -40,7 +40,10 @@ class SearchOps:
                      group: str) -> None:
         """A query that is a note's name puts that note first (search/names.py): in grouped
         (notes), or in r.candidates (chunks). Its scores say `named`."""
-        key, ids = names.named(db, query, exclude=set(filters.exclude_files))
+        # (a note open in an editor with unsaved changes is searched as its buffer: its
+        # indexed text is not shown)
+        bufs = self.p.buffers.active() if self.p.buffers is not None else []
+        key, ids = names.named(db, query, exclude={b.file_id for b in bufs})
         if ids and filters.active:
             cond, params = filters.where("f")
             marks = ",".join("?" * len(ids))
