@@ -198,3 +198,31 @@ def test_a_buffer_is_scored_as_a_whole_note_as_its_file_would_be(make_daemon, tm
             assert alpha[0]["scores"]["note_bm25"] > top["scores"]["note_bm25"]
             assert sorted(r["scores"]["note_bm25_rank"] for r in res["results"]
                           if "note_bm25_rank" in r["scores"])[:2] == [1, 2]
+
+
+def test_a_named_note_open_with_unsaved_changes_is_shown_once_as_its_buffer(make_daemon,
+                                                                            tmp_path):
+    """A query that is a note's name puts that note first (search/names.py), but a note open
+    in an editor with unsaved changes is searched as its buffer: the note is shown once, as
+    the buffer, never a second time by its indexed (stale) text."""
+    root = small_vault(tmp_path / "n")
+    note = root / "Quince.md"
+    note.write_text("# Quince\n\nThe quince tree needs pruning in winter.\n")
+    (root / "Orchard.md").write_text("# Orchard\n\nQuince, quince and more quince: the quince "
+                                     "jelly, the quince wine, the quince paste.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n')
+    with d:
+        d.wait_idle()
+        for group in ("note", "chunk"):
+            res = d.call("search", query="Quince", group=group)["results"]
+            assert res[0]["path"] == str(note) and res[0]["scores"].get("named"), res
+        with d.client() as editor:
+            editor.call("buffer_set", path=str(note),
+                        text="# Quince\n\nThe quince tree needs pruning in winter, and a "
+                             "medlar beside it.\n")
+            for group in ("note", "chunk"):
+                res = d.call("search", query="Quince", group=group)["results"]
+                mine = [r for r in res if r["path"] == str(note)]
+                assert len(mine) == 1 and mine[0]["unsaved"] is True, res
+                assert "medlar" in mine[0]["text"]
