@@ -365,22 +365,18 @@ class TextIndex(outbox.OutboxSync):
             (tantivy.Occur.Must, tantivy.Query.term_query(self.schema, "file_id", file_id))])
         return bool(searcher.search(q, 1, count=False).hits)
 
-    def search(self, searcher, db: sqlite3.Connection, query: str, n: int,
-               share: float = COMMON_SHARE, files=None,
-               dfs: dict | None = None) -> list[tuple[int, float]]:
-        """The top n chunks by BM25 (higher is better) for a free-text query, read from a
-        searcher `view` gave; its words dropped as prune_common drops them (found in over
-        `share` of the chunks); `files`: only chunks of these file ids. `dfs`, when given, gets
-        each query part's chunk count (as doc_freqs gives it)."""
-        import tantivy
-        schema = self.schema
+    @staticmethod
+    def terms(searcher, db: sqlite3.Connection, query: str,
+              dfs: dict | None = None) -> list[tuple[str, list[str], int]]:
+        """The query's parts and symbols as the index holds them: (part, its tokens, the
+        chunks holding it: its rarest token's count), for `search`. `dfs`, when given, gets
+        each part's count, as doc_freqs gives it (read from the searcher: nothing walked)."""
         parts = query_parts(query)
         signs = list(dict.fromkeys(symbols(query)))
         if not (parts or signs) or searcher is None:
             return []
         words = word_tokens(db, [p.strip('"') for p in parts]) + signs
-        total = max(searcher.num_docs, 1)
-        clauses, kept = [], []
+        out = []
         for part, toks in zip(parts + signs, words):
             toks = toks.split()
             if not toks:
@@ -388,6 +384,26 @@ class TextIndex(outbox.OutboxSync):
             df = min(searcher.doc_freq("text", t) for t in toks)
             if dfs is not None:
                 dfs[part] = df
+            out.append((part, toks, df))
+        return out
+
+    def search(self, searcher, db: sqlite3.Connection, query: str, n: int,
+               share: float = COMMON_SHARE, files=None, dfs: dict | None = None,
+               terms: list | None = None) -> list[tuple[int, float]]:
+        """The top n chunks by BM25 (higher is better) for a free-text query, read from a
+        searcher `view` gave; its words dropped as prune_common drops them (found in over
+        `share` of the chunks); `files`: only chunks of these file ids. `dfs`, when given, gets
+        each query part's chunk count (as doc_freqs gives it); `terms`: what `terms` gave for
+        this query and searcher, when it was asked already."""
+        import tantivy
+        schema = self.schema
+        if searcher is None:
+            return []
+        if terms is None:
+            terms = self.terms(searcher, db, query, dfs)
+        total = max(searcher.num_docs, 1)
+        clauses, kept = [], []
+        for _part, toks, df in terms:
             common = df > total * share
             if len(toks) == 1:
                 q = tantivy.Query.term_query(schema, "text", toks[0])

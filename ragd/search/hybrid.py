@@ -92,6 +92,7 @@ class _Query:
     lists: dict[str, list[int]] = field(default_factory=dict)  # each ranking's chunk ids
     parts: dict[int, dict] = field(default_factory=dict)  # chunk id -> each signal's part
     dfs: dict = field(default_factory=dict)  # the query words' chunk counts (for the notes)
+    terms: list | None = None  # TextIndex.terms of the query, when counted before BM25
     signed: bool = False  # a chunk holds a symbol of the query (see _bm25_ranking)
     unembedded: list[int] = field(default_factory=list)  # BM25 hits with no vector yet
     query_vector: _Embedded | None = None
@@ -238,6 +239,8 @@ class Searcher:
             space = self.vectors.active
             coverage = self._coverage(q.db, space.vectors) if space is not None else 1.0
             partial = coverage < PARTIAL_FUSION_FROM
+            if self._count_words(q):  # the notes' walk can start before the chunks' ranking
+                self._start_notes(q)
             self._bm25_ranking(q, r, COMMON_SHARE if partial else HYBRID_COMMON_SHARE)
             if partial and (self._embedded_share(q, space.vectors) or 0) >= PARTIAL_FUSION_FROM:
                 # the chunks these words found have their vectors: fused as when all are in
@@ -327,16 +330,39 @@ class Searcher:
                                               q.bufs, q.filters.exclude_files)
         r.timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
 
+    def _notes_wanted(self, q: _Query) -> bool:
+        """Is the whole-note BM25 computed beside the search (_start_notes)?"""
+        return (self.reads is not None and q.by_note and self.cfg.note_weight > 0
+                and q.view is None)
+
+    def _count_words(self, q: _Query) -> bool:
+        """When tantivy serves this snapshot (and no buffer is searched), the query words'
+        chunk counts (q.dfs) read from its searcher before the BM25 ranking, which reuses
+        them (q.terms): the notes' walk, which needs them, then starts before the chunks'
+        ranking instead of after it. False when not counted here (the ranking counts them)."""
+        if not self._notes_wanted(q) or q.bufs or q.text_view is None:
+            return False
+        searcher = q.text_view[0]
+        if searcher is None:
+            return False
+        try:
+            q.terms = self.text.terms(searcher, q.db, q.text, q.dfs)
+        except Exception:  # (the ranking meets it again, falls back to FTS5 and says why)
+            q.dfs.clear()
+            q.terms = None
+            return False
+        return True
+
     def _start_notes(self, q: _Query) -> None:
         """Hybrid: start the whole-note BM25 on a thread of the pool, with a read connection
-        of its own, as soon as the BM25 ranking has counted the query's words (q.dfs). The
-        engine is done with the query by then, so a core is free: the notes' FTS5 walk (the
-        largest step after the embedding) runs beside the vector search, the feedback and
-        the fusion instead of after them. Its connection reads the index as of now, not the
+        of its own, as soon as the query's words are counted (q.dfs: by _count_words, else by
+        the BM25 ranking). A core is free by then (an engine whose threads take every core is
+        done with the query's embedding; any other leaves one): the notes' FTS5 walk (the largest step after the
+        embedding) runs beside the BM25 ranking, the vector search, the feedback and the
+        fusion instead of after them. Its connection reads the index as of now, not the
         search's snapshot: a commit in between can only change the score of a note no chunk
-        of this search's snapshot brings, which adds nothing (notes.group)."""
-        if (self.reads is None or not q.by_note or self.cfg.note_weight <= 0
-                or q.view is not None):
+        of this search's snapshot brings, which adds nothing (notes.group). Once per search."""
+        if q.notes is not None or not self._notes_wanted(q):
             return
         text, dfs, bufs, exclude = q.text, dict(q.dfs), q.bufs, q.filters.exclude_files
 
@@ -586,7 +612,8 @@ class Searcher:
                 why = "fts5 (unsaved editor buffers are searched)"
             elif searcher is not None:
                 try:
-                    hits = self.text.search(searcher, db, query, n, share, files, q.dfs)
+                    hits = self.text.search(searcher, db, query, n, share, files, q.dfs,
+                                            q.terms)
                     signs = symbols(query)
                     q.signed = bool(hits and signs and self.text.holds_any(searcher, signs,
                                                                            files))
