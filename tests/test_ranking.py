@@ -417,3 +417,36 @@ def test_a_query_that_is_a_notes_name_finds_that_note_first(tmp_path):
     res = s.search("index", k=5, mode="bm25")
     assert len(res["results"]) == 4 and all("named" not in r["scores"]
                                             for r in res["results"])
+
+
+def test_a_note_asked_for_by_its_name_is_shown_by_its_opening(tmp_path):
+    """Asked for by its name, a note is shown by where it begins (its first chunk that says
+    something, past a header of fields), not by the chunk its name's words happen to fill:
+    "Type Hints" showed a two-line tip on None in a type hint, "The Zen of Python" the PEP's
+    header."""
+    notes = {
+        "peps/pep-0484.rst": "PEP: 484\nTitle: Type Hints\nAuthor: Guido van Rossum\n"
+                             "Status: Final\nPost-History: 16-Jan-2015,\n"
+                             "              20-Mar-2015\n\n"
+                             "Abstract\n========\n\nThis PEP introduces a standard syntax "
+                             "for the annotations of functions, so that tools can check a "
+                             "program before it runs.\n\n"
+                             "Using None\n==========\n\nIn a type hint, None: type hints.\n",
+        **{f"peps/pep-{n:04d}.rst": f"PEP: {n}\nTitle: Topic {n}\nStatus: Final\n\n"
+                                    f"Abstract\n========\n\nType hints and more type hints "
+                                    f"for topic {n}.\n" for n in (526, 544, 612)},
+    }
+    s = RankedStore(tmp_path, notes, FakeEmbedder({}, default=axis(0)))
+    pep = s.path("peps/pep-0484.rst")
+    for mode in ("hybrid", "bm25"):
+        res = s.search("type hints", k=3, mode=mode)
+        top = res["results"][0]
+        assert top["path"] == pep and top["scores"]["named"], res["results"]
+        assert top["heading"] == "Type Hints > Abstract", top
+        assert top["text"].startswith("This PEP introduces") and top["line_start"] == 11, top
+        # its other matching chunks are still listed
+        assert any(c["heading"].endswith("Using None") for c in top["chunks"]), top["chunks"]
+    # a query that names no note: the chunk that carries the match stands
+    res = s.search("type hint none", k=3, mode="bm25")
+    assert res["results"][0]["path"] == pep
+    assert res["results"][0]["heading"].endswith("Using None"), res["results"][0]

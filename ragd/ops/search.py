@@ -57,6 +57,9 @@ class SearchOps:
         def mark(c):
             c.parts["named"] = key
         if group == "note":
+            for n in grouped:  # (before put_first marks them: the opening may be new)
+                if n.file_id in ids:
+                    names.show_opening(db, n)
             names.put_first(db, grouped, ids, lambda n: n.file_id,
                             lambda fid, cid, score: notes.Note(fid, score,
                                                                [Candidate(cid, score, {})]),

@@ -8,14 +8,19 @@ them (casefolded words, numbers without zero padding), from the note_names table
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
-from ragd.search.fusion import lift
+from ragd.search.fusion import Candidate, lift
+from ragd.search.passages import MIN_PASSAGE
 from ragd.text import name_key
 
 MAX_WORDS = 12  # a longer query is a question or a passage, not a name
 # A name more notes share than this names none of them ("Index", "README" in every folder)
 MAX_NAMED = 3
+# A named note is shown by its opening, sought among its first chunks
+OPENING_CHUNKS = 6
+_FIELD = re.compile(r"[A-Za-z][\w -]{0,30}:(\s|$)")  # "Post-History: ...", "Status: Final"
 
 
 def named(db: sqlite3.Connection, query: str, files=None, exclude=()) -> tuple[str, list[int]]:
@@ -30,10 +35,39 @@ def named(db: sqlite3.Connection, query: str, files=None, exclude=()) -> tuple[s
     return key, ids if len(ids) <= MAX_NAMED else []
 
 
-def first_chunk(db: sqlite3.Connection, file_id: int) -> int | None:
-    row = db.execute("SELECT id FROM chunks WHERE file_id = ? ORDER BY ordinal LIMIT 1",
-                     (file_id,)).fetchone()
-    return row[0] if row else None
+def _fields(text: str) -> bool:
+    """Is the text a block of "Key: value" lines (a PEP's or an RFC's header), its
+    continuation lines indented?"""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return len(lines) >= 2 and bool(_FIELD.match(lines[0])) and all(
+        _FIELD.match(line) or line[:1].isspace() for line in lines)
+
+
+def opening(db: sqlite3.Connection, file_id: int) -> int | None:
+    """The chunk a named note is shown by: its opening, the first of its chunks that says
+    something (MIN_PASSAGE) and is not a header of fields; its first chunk when none of the
+    first OPENING_CHUNKS is. Asked for by its name, a note is asked for whole: where it
+    begins says what it is, where the name's words happen to fall ("Type Hints": a tip on
+    `None` in a type hint; "The Zen of Python": its header) does not."""
+    rows = db.execute("SELECT id, text FROM chunks WHERE file_id = ? ORDER BY ordinal LIMIT ?",
+                      (file_id, OPENING_CHUNKS)).fetchall()
+    said = next((cid for cid, text in rows
+                 if len(text.strip()) >= MIN_PASSAGE and not _fields(text)), None)
+    return said if said is not None else (rows[0][0] if rows else None)
+
+
+def show_opening(db: sqlite3.Connection, note) -> None:
+    """A named note (notes.Note) shown by its opening: that chunk first among its chunks,
+    with its own scores when the rankings found it; else put before them, with the note's
+    best score and no signal's (nothing ranked it: the name did)."""
+    cid = opening(db, note.file_id)
+    if cid is None or note.best.chunk_id == cid:
+        return
+    at = next((i for i, c in enumerate(note.chunks) if c.chunk_id == cid), None)
+    if at is not None:
+        note.chunks.insert(0, note.chunks.pop(at))
+    else:
+        note.chunks.insert(0, Candidate(cid, note.best.score, {}))
 
 
 def put_first(db: sqlite3.Connection, items: list, ids: list[int], file_of, make,
@@ -53,7 +87,7 @@ def put_first(db: sqlite3.Connection, items: list, ids: list[int], file_of, make
         if had[i]:
             lift(items, lambda x, fid=fid: file_of(x) == fid, place + 1)
         else:
-            cid = first_chunk(db, fid)
+            cid = opening(db, fid)
             if cid is None:  # (deleted meanwhile)
                 continue
             items.insert(place, make(fid, cid, items[place].score if place < len(items)
