@@ -8,11 +8,10 @@ them (casefolded words, numbers without zero padding), from the note_names table
 
 from __future__ import annotations
 
-import re
 import sqlite3
 
 from ragd.search.fusion import Candidate, lift
-from ragd.search.passages import MIN_PASSAGE
+from ragd.search.passages import says_little
 from ragd.text import name_key
 
 MAX_WORDS = 12  # a longer query is a question or a passage, not a name
@@ -20,7 +19,6 @@ MAX_WORDS = 12  # a longer query is a question or a passage, not a name
 MAX_NAMED = 3
 # A named note is shown by its opening, sought among its first chunks
 OPENING_CHUNKS = 6
-_FIELD = re.compile(r"[A-Za-z][\w -]{0,30}:(\s|$)")  # "Post-History: ...", "Status: Final"
 
 
 def named(db: sqlite3.Connection, query: str, files=None, exclude=()) -> tuple[str, list[int]]:
@@ -35,24 +33,15 @@ def named(db: sqlite3.Connection, query: str, files=None, exclude=()) -> tuple[s
     return key, ids if len(ids) <= MAX_NAMED else []
 
 
-def _fields(text: str) -> bool:
-    """Is the text a block of "Key: value" lines (a PEP's or an RFC's header), its
-    continuation lines indented?"""
-    lines = [line for line in text.splitlines() if line.strip()]
-    return len(lines) >= 2 and bool(_FIELD.match(lines[0])) and all(
-        _FIELD.match(line) or line[:1].isspace() for line in lines)
-
-
 def opening(db: sqlite3.Connection, file_id: int) -> int | None:
     """The chunk a named note is shown by: its opening, the first of its chunks that says
-    something (MIN_PASSAGE) and is not a header of fields; its first chunk when none of the
-    first OPENING_CHUNKS is. Asked for by its name, a note is asked for whole: where it
+    something (not passages.says_little: long enough, not a header of fields); its first
+    chunk when none of the first OPENING_CHUNKS does. Asked for by its name, a note is asked for whole: where it
     begins says what it is, where the name's words happen to fall ("Type Hints": a tip on
     `None` in a type hint; "The Zen of Python": its header) does not."""
     rows = db.execute("SELECT id, text FROM chunks WHERE file_id = ? ORDER BY ordinal LIMIT ?",
                       (file_id, OPENING_CHUNKS)).fetchall()
-    said = next((cid for cid, text in rows
-                 if len(text.strip()) >= MIN_PASSAGE and not _fields(text)), None)
+    said = next((cid for cid, text in rows if not says_little(text)), None)
     return said if said is not None else (rows[0][0] if rows else None)
 
 

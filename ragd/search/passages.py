@@ -4,6 +4,7 @@ chunk too short to say anything ("Currently, no.", a tag line) never stands alon
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 from ragd.index import store
@@ -11,6 +12,22 @@ from ragd.search import bm25
 
 MIN_PASSAGE = 60  # characters: a chunk shorter than this never stands alone for a note
 SECOND_SHARE = 0.5  # a note's other chunk scored at least this share of its best stands in
+_FIELD = re.compile(r"[A-Za-z][\w -]{0,30}:(\s|$)")  # "Post-History: ...", "Status: Final"
+
+
+def fields(text: str) -> bool:
+    """Is the text a block of "Key: value" lines (a PEP's or an RFC's header), its
+    continuation lines indented?"""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return len(lines) >= 2 and bool(_FIELD.match(lines[0])) and all(
+        _FIELD.match(line) or line[:1].isspace() for line in lines)
+
+
+def says_little(text: str) -> bool:
+    """Too short to say anything, or a header of fields: not where a note asked for whole
+    (names.opening) is shown. (A header stays the passage of a search that matched it: it
+    holds the author asked for; a title's words matched there point to no better chunk.)"""
+    return len(text.strip()) < MIN_PASSAGE or fields(text)
 
 
 def choose(db: sqlite3.Connection, top: list, query: str) -> None:
