@@ -94,7 +94,8 @@ def _terms(query: str) -> list[str]:
                 w = w[: -len(suffix)]
                 break
         out.append(w)
-    out += [ch for ch in query if ch > "\x7f" and unicodedata.category(ch) == "So"]
+    # symbols, as the daemon's index holds them (emoji, arrows, mathematical signs)
+    out += [ch for ch in query if ch > "\x7f" and unicodedata.category(ch) in ("So", "Sm")]
     return sorted(set(out), key=len, reverse=True)
 
 

@@ -12,12 +12,17 @@ import sqlite3
 import unicodedata
 
 
+SYMBOL_CATEGORIES = ("So", "Sm")
+
+
 def symbols(text: str) -> list[str]:
-    """The symbol characters of a text (Unicode category So: emoji, dingbats — the ⛔ 📅 ✅ of a
-    task line), in order. FTS5's tokenizer drops them, so a search for one found nothing where
-    grep finds it: the tantivy index keeps each as a token of its own (index/textindex.py), and
-    FTS5 sees each as a word (symbol_words) in the keywords of the chunk holding it."""
-    return [ch for ch in text if ch > "\x7f" and unicodedata.category(ch) == "So"]
+    """The symbol characters of a text, in order: Unicode's other symbols (So: emoji, dingbats
+    — the ⛔ 📅 ✅ of a task line) and mathematical ones (Sm: arrows and signs, → ≤ ∅). FTS5's
+    tokenizer drops them, so a search for one found nothing where grep finds it: the tantivy
+    index keeps each as a token of its own (index/textindex.py), and FTS5 sees each as a word
+    (symbol_words) in the keywords of the chunk holding it. (ASCII signs are not: '->' and
+    ':=' are read as punctuation.)"""
+    return [ch for ch in text if ch > "\x7f" and unicodedata.category(ch) in SYMBOL_CATEGORIES]
 
 
 def symbol_words(text: str) -> str:

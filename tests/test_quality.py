@@ -437,6 +437,7 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
                                      "- [ ] Post the parcel ⛔ abc123\n")
     (root / "garden.md").write_text("# Garden\n\nPrune the roses in March. 🌹\n")
     (root / "reading.md").write_text("# Reading\n\nBooks to read this winter.\n")
+    (root / "keys.md").write_text("# Keys\n\nAlt → moves right; a limit x ≤ 3.\n")
     (root / "launch.md").write_text('---\naliases: ["🌋 eruption log"]\n---\n'
                                     "# Release 🚀 checklist\n\nCheck the fuel.\n")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
@@ -460,6 +461,12 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
             assert res["results"][0]["scores"]["note_bm25_rank"] == 1  # the note's words too
         res = d.call("search", query="🌹 roses", mode="bm25")
         assert found(res)[0] == "garden.md"
+        for sign in ("→", "≤"):  # arrows and mathematical signs too
+            for mode in ("hybrid", "bm25"):
+                res = d.call("search", query=sign, mode=mode)
+                assert found(res)[0] == "keys.md" and (mode == "hybrid" or found(res) == [
+                    "keys.md"]), (sign, mode, res)
+                assert res["results"][0]["match_lines"] == [3], res
         for sign in ("🚀", "🌋"):  # in a title, in an alias
             assert found(d.call("search", query=sign, mode="bm25")) == ["launch.md"], sign
         res = d.call("search", query="⚓", mode="bm25")
@@ -478,6 +485,20 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
     with d:
         d.wait_idle()
         assert found(d.call("search", query="⛔", mode="bm25", wait=10)) == ["errands.md"]
+    # an index read by an older parser (3: arrows and signs were no words) reads every file
+    # again at the next start (loader.PARSER): FTS5 then finds them too
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    with db:
+        db.execute("UPDATE chunks SET keywords = '' WHERE file_id = "
+                   "(SELECT id FROM files WHERE relpath = 'keys.md')")
+        reading = json.loads(db.execute("SELECT value FROM meta WHERE key = 'reading'"
+                                        ).fetchone()[0])
+        reading["v"]["parser"] = 3
+        db.execute("UPDATE meta SET value = ? WHERE key = 'reading'", (json.dumps(reading),))
+    db.close()
+    with d:
+        d.wait_idle()
+        assert found(d.call("search", query="≤", mode="bm25", wait=10)) == ["keys.md"]
 
 
 def test_a_shown_line_holds_its_match():
@@ -486,6 +507,7 @@ def test_a_shown_line_holds_its_match():
     from ragctl.render import _excerpt, _mark, _terms
     terms = _terms("what does ⛔ mean for dependencies")
     assert "⛔" in terms and "dependenci" in terms
+    assert "→" in _terms("what does → mean")
     line = "a" * 300 + " - [ ] Post the parcel ⛔ abc123 " + "b" * 300
     shown = _excerpt(line, terms)
     assert "⛔ abc123" in shown and shown.startswith("…") and shown.endswith("…")
