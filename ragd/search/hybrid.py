@@ -357,11 +357,12 @@ class Searcher:
         """Hybrid: start the whole-note BM25 on a thread of the pool, with a read connection
         of its own, as soon as the query's words are counted (q.dfs: by _count_words, else by
         the BM25 ranking). A core is free by then (an engine whose threads take every core is
-        done with the query's embedding; any other leaves one): the notes' FTS5 walk (the largest step after the
-        embedding) runs beside the BM25 ranking, the vector search, the feedback and the
-        fusion instead of after them. Its connection reads the index as of now, not the
-        search's snapshot: a commit in between can only change the score of a note no chunk
-        of this search's snapshot brings, which adds nothing (notes.group). Once per search."""
+        done with the query's embedding; any other leaves one): the notes' FTS5 walk (the
+        largest step after the embedding) runs beside the BM25 ranking, the vector search,
+        the feedback and the fusion instead of after them. Its connection reads the index as
+        of now, not the search's snapshot: a commit in between can only change the score of a
+        note no chunk of this search's snapshot brings, which adds nothing (notes.group).
+        Once per search."""
         if q.notes is not None or not self._notes_wanted(q):
             return
         text, dfs, bufs, exclude = q.text, dict(q.dfs), q.bufs, q.filters.exclude_files

@@ -36,9 +36,9 @@ def named(db: sqlite3.Connection, query: str, files=None, exclude=()) -> tuple[s
 def opening(db: sqlite3.Connection, file_id: int) -> int | None:
     """The chunk a named note is shown by: its opening, the first of its chunks that says
     something (not passages.says_little: long enough, not a header of fields); its first
-    chunk when none of the first OPENING_CHUNKS does. Asked for by its name, a note is asked for whole: where it
-    begins says what it is, where the name's words happen to fall ("Type Hints": a tip on
-    `None` in a type hint; "The Zen of Python": its header) does not."""
+    chunk when none of the first OPENING_CHUNKS does. Asked for by its name, a note is asked
+    for whole: where it begins says what it is, where the name's words happen to fall ("Type
+    Hints": a tip on `None` in a type hint; "The Zen of Python": its header) does not."""
     rows = db.execute("SELECT id, text FROM chunks WHERE file_id = ? ORDER BY ordinal LIMIT ?",
                       (file_id, OPENING_CHUNKS)).fetchall()
     said = next((cid for cid, text in rows if not says_little(text)), None)
