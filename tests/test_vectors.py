@@ -3,6 +3,7 @@ with real MiniLM vectors, and through the real daemon."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sqlite3
 import time
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from conftest import bulk_embedding_stopped, engine_config, small_vault, wait_embedded
 from ragd.index.ann import AnnIndex
 from ragd.index.vectors import VectorIndex
-from ragd.index.vectorstore import VectorStore
+from ragd.index.vectorstore import RESCORED, VectorStore
 
 
 def real_vectors(tmp_path, make_daemon):
@@ -59,6 +60,22 @@ def test_the_graph_answers_like_the_matrix_and_follows_edits(tmp_path, make_daem
         hits += len(set(a[:10].tolist()) & set(e.tolist()))
         assert np.allclose(sa[:3], se[:3], atol=2e-3)
     assert hits / (10 * len(vecs[::7])) >= 0.98
+    # the vectors one rescoring read serve the next of the same search (dense feedback's): the
+    # same answer, and only the chunks not read before are looked up
+    known: dict = {}
+    for q in (vecs[3], vecs[3] + 0.2 * vecs[4], vecs[5]):
+        found = ann.search(q, 100 if ann.approximate else 10)
+        before = set(known)
+        sql: list[str] = []
+        db.set_trace_callback(sql.append)
+        got = VectorStore.rescore(db, space, q, *found, known=known)
+        db.set_trace_callback(None)
+        fresh = VectorStore.rescore(db, space, q, *found)
+        assert got[0].tolist() == fresh[0].tolist() and np.allclose(got[1], fresh[1])
+        looked_up = {int(x) for s in sql for x in re.findall(r"\d+", s.split(" IN (")[1])}
+        head = set(found[0][:RESCORED].tolist())
+        assert looked_up == (head - before if ann.approximate else set())
+        assert head <= set(known) or not ann.approximate
     # filters: a few files, ranked exactly; every result in them
     some = np.unique(files)[:2]
     a, sa = search(vecs[0], 5, some)

@@ -106,6 +106,9 @@ class _Query:
     # each chunk's cosine to the query itself, kept when dense feedback searches again with a
     # moved query (None: no feedback; the vector list's cosines are the query's own)
     own: dict[int, float] | None = None
+    # chunk id -> its stored float32 vector (None: none stored), as the rescorings of this
+    # search read them (VectorStore.rescore): feedback's search reads only what the first did not
+    stored: dict = field(default_factory=dict)
 
 
 def _done(value) -> Future:
@@ -692,7 +695,7 @@ class Searcher:
                                    f"({why})")
         if ids is None:
             ids, cos = space.vectors.search(qv, q.n, q.files)
-            ids, cos = self.vectors.rescore(q.db, space, qv, ids, cos)
+            ids, cos = self.vectors.rescore(q.db, space, qv, ids, cos, q.stored)
         if q.bufs:
             pairs = sorted([*zip(ids.tolist(), cos.tolist()),
                             *self.buffers.vector_hits(qv, q.bufs, None)],
