@@ -3,6 +3,7 @@ with real MiniLM vectors, and through the real daemon."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sqlite3
@@ -129,6 +130,27 @@ def test_the_graph_answers_like_the_matrix_and_follows_edits(tmp_path, make_daem
         (a, sa), (b, sb) = again.search(q, 10), ann.search(q, 10)
         assert np.allclose(sa, sb, atol=1e-3) and len(set(a.tolist()) & set(b.tolist())) >= 9
     assert int(ids[61]) in top(again, vecs[81])
+    # nearly every chunk replaced by one of a new id (every file read again), then saved: the
+    # graph in memory takes the few rows the file still holds (VectorStore.snapshot)
+    every = AnnIndex.load(tmp_path / "g2.usearch", vecs.shape[1], 1, k_ids, k_files, dtype)
+    old_ids = [int(i) for i in k_ids[5:]]
+    found, got = every.get(old_ids)
+    every.remove(old_ids)
+    new_ids = [c + 10**6 for c in found]
+    every.add(new_ids, got, [0] * len(found))
+    every.save(tmp_path / "g3.usearch")
+    n_ids, n_files, _ = every.export_keys()
+    assert sorted(n_ids.tolist()) == sorted([int(i) for i in k_ids[:5]] + new_ids)
+    third = AnnIndex.load(tmp_path / "g3.usearch", vecs.shape[1], 1, n_ids, n_files, dtype)
+    assert len(third) == len(k_ids) and not third._dead and not len(third._ix)
+    exact = VectorIndex(vecs.shape[1])
+    f2, g2 = third.get(n_ids.tolist())
+    assert f2 == n_ids.tolist()
+    exact.add(f2, g2, [0] * len(f2))
+    for q in (vecs[3], vecs[75], vecs[1]):  # (int8 cosines: about ±0.005)
+        (a, sa), (e, se) = third.search(q, 10), exact.search(q, 10)
+        assert np.allclose(sa, se, atol=1e-2 if third.approximate else 2e-3)
+        assert len(set(a.tolist()) & set(e.tolist())) >= 9
     # most of the mapped graph removed (a source removed): what is left, exactly
     left = [int(i) for i in k_ids[:25]]
     again.remove([int(i) for i in k_ids[25:]])
@@ -194,6 +216,54 @@ def test_the_daemon_moves_to_a_graph_past_its_threshold_and_restarts_from_snapsh
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert d.call("status")["engines"]["embedding"]["vector_index"] == "hnsw"
+
+
+def test_a_graph_whose_chunks_all_changed_is_saved_once_they_settle(make_daemon, tmp_path):
+    """Every file read again (a parser upgrade: new chunk ids, each vector from the cache,
+    nothing to embed): the graph is saved whole once the changes have settled, not only at a
+    stop, which could not write it in time at 100k chunks: every start after it built the
+    graph again from the cache (6 minutes at 1M). Here the daemon is killed, so no stop
+    saves it. (A third of the graph or more changed: written whole, not listed beside it.)"""
+    root = small_vault(tmp_path / "v")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config(extra="ann_threshold = 50\n"))
+    log = tmp_path / "data" / "ragd.log"
+    with d:
+        n = wait_embedded(d)["engines"]["embedding"]["vectors"]
+        deadline = time.monotonic() + 60
+        while "searched through an HNSW graph" not in log.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    graph = next((tmp_path / "data" / "vectors").glob("*.graph.usearch"))
+    saved = graph.stat().st_mtime_ns
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    reading = json.loads(db.execute("SELECT value FROM meta WHERE key = 'reading'").fetchone()[0])
+    for how in reading.values():
+        how["parser"] = -1  # read by another parser: every file is read again
+    with db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'reading'", (json.dumps(reading),))
+    ids = {r[0] for r in db.execute("SELECT id FROM chunks")}
+    d.start()
+    try:
+        st = wait_embedded(d)
+        assert st["engines"]["embedding"]["embedded_texts"] == 0
+        assert not ids & {r[0] for r in db.execute("SELECT id FROM chunks")}  # all new ids
+        deadline = time.monotonic() + 120  # (QUIET_BEFORE_GRAPH, then the embedder's look)
+        while graph.stat().st_mtime_ns == saved:
+            assert time.monotonic() < deadline, "the changed graph was not saved"
+            time.sleep(0.5)
+        time.sleep(1)  # (the snapshot's key lists are written after the graph)
+    finally:
+        d.kill()
+    at = len(log.read_text())
+    with d:
+        st = wait_embedded(d)
+        assert (st["engines"]["embedding"]["vectors"], st["engines"]["embedding"]
+                ["embedded_texts"]) == (n, 0)
+        assert "all from the saved graph (no chunk changed since it was taken)" in \
+            log.read_text()[at:]
+        hits = d.call("search", query="a kanban board of cards in lanes", mode="vector", k=3)
+        assert hits["results"][0]["path"].endswith("Kanban Plugin.md")
 
 
 def embedded_once(make_daemon, tmp_path):

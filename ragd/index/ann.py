@@ -231,6 +231,11 @@ class AnnIndex(MappedChunks):
             ids, files = self._map.arrays()
         return ids, files, None
 
+    def changed(self) -> int:
+        """How many chunks changed since the graph file was loaded or saved."""
+        with self._lock:
+            return len(self.dirty)
+
     def dirty_ids(self) -> np.ndarray | None:
         """The chunks changed since the graph file was loaded or saved (sorted), or None when
         this index has no such file (built here)."""
@@ -296,14 +301,26 @@ class AnnIndex(MappedChunks):
             if self._base is None:
                 self._ix.save(str(tmp))
             else:
+                kept = np.setdiff1d(np.asarray(self._base.keys, dtype=np.uint64),
+                                    np.fromiter(self._dead, np.uint64, len(self._dead)))
                 whole = self._new()
-                whole.load(str(self._base_path))
-                if self._dead:
-                    whole.remove(np.array(sorted(self._dead), dtype=np.uint64))
-                if len(self._ix):
-                    keys = np.asarray(self._ix.keys, dtype=np.uint64)
+                # Whichever graph has fewer rows to carry over is added to the other: after a
+                # few edits the file's graph takes the edited rows; after most chunks changed
+                # (every file read again: new chunk ids) the graph in memory takes the few the
+                # file still holds, where adding a million rows one thread at a time would
+                # hold searches (this lock) for many minutes.
+                if len(kept) < len(self._ix):
+                    self._ix.save(str(tmp))
+                    whole.load(str(tmp))
+                    source, keys = self._base, kept
+                else:
+                    whole.load(str(self._base_path))
+                    if self._dead:
+                        whole.remove(np.array(sorted(self._dead), dtype=np.uint64))
+                    source, keys = self._ix, np.asarray(self._ix.keys, dtype=np.uint64)
+                if len(keys):
                     # (as stored: int8 rows made float and quantized again would drift)
-                    whole.add(keys, np.asarray(self._ix.get(keys)).reshape(len(keys), -1),
+                    whole.add(keys, np.asarray(source.get(keys)).reshape(len(keys), -1),
                               threads=1)
                 whole.save(str(tmp))
                 del whole

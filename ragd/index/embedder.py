@@ -43,6 +43,7 @@ from ragd.workers import Worker
 log = logging.getLogger("ragd.embedder")
 
 WORK_BATCH = 64  # distinct texts fetched per round
+SNAPSHOT_LOOK = 15.0  # seconds between an idle active embedder's looks at snapshot_if_due
 LIVE_TEXTS = 32  # at most this many new texts are embedded before an edit's commit
 # How long an edit's commit waits on the engine for them (each request: counting, embedding): an engine that stops answering must
 # not hold the indexer (and every file after this one) until the health checks replace it;
@@ -236,12 +237,15 @@ class Embedder:
                     if not self.activate and self.on_complete is not None and \
                             self.space.idle():
                         self.on_complete(self)  # every chunk has its vector: switch to it
-                    work = self.space.take(WORK_BATCH, self._stop)
+                    # (idle, it wakes now and then: a space changed by the indexer alone, its
+                    # vectors from the cache, is saved too: see VectorStore.snapshot_if_due)
+                    work = self.space.take(WORK_BATCH, self._stop,
+                                           SNAPSHOT_LOOK if self.activate else None)
                     if work:
                         self.state = "embedding"
                         burst = (burst[0] + len(work), burst[1] or time.monotonic())
                         self._embed(db, work)
-                        self.store.snapshot_if_due(db)
+                    self.store.snapshot_if_due(db)
                     self._resumed()
                 except EngineUnavailable as e:
                     # said after the wait, not before: at a stop the engines may go first (a

@@ -80,8 +80,10 @@ class Space:
                     self.todo.move_to_end(h, last=False)
             self.cv.notify_all()
 
-    def take(self, n: int, stop: threading.Event) -> list[str]:
-        """The next hashes to embed; sleeps (no polling) while there are none."""
+    def take(self, n: int, stop: threading.Event, idle: float | None = None) -> list[str]:
+        """The next hashes to embed; sleeps (no polling) while there are none, at most `idle`
+        seconds (then []: None waits for work)."""
+        until = None if idle is None else time.monotonic() + idle
         with self.cv:
             while not stop.is_set():
                 now = time.time()
@@ -90,7 +92,11 @@ class Space:
                 if self.todo:
                     break
                 self.cv.notify_all()  # wait_idle
-                self.cv.wait(self.retry[0][0] - now if self.retry else None)
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    return []
+                wait = self.retry[0][0] - now if self.retry else None
+                self.cv.wait(left if wait is None else wait if left is None else min(wait, left))
             out = []
             while self.todo and len(out) < n:
                 out.append(self.todo.popitem(last=False)[0])

@@ -53,6 +53,9 @@ SNAPSHOT_EVERY = 600.0  # seconds between snapshots of a matrix that changed
 # graph again: 660 MB at a million chunks, which a stop after a few edits could not write
 # within its 4 s, and the start after it checked every chunk (5.8 s).
 LIGHT_SNAPSHOT_MAX = 5000
+# Seconds without a change after which a snapshot that writes the graph whole is taken (not
+# SNAPSHOT_EVERY after the last one)
+QUIET_BEFORE_GRAPH = 30.0
 # An int8 graph's first candidates ranked again by their float32 vectors (rescore): each is a
 # read from the cache, and an int8 cosine is off by so little that the true top 10 is among
 # the graph's first 50 (docs/scaling.md); the rest keep their int8 cosines
@@ -578,7 +581,7 @@ class VectorStore:
         paths["meta"].unlink(missing_ok=True)  # (a snapshot half written is not "current")
         arrays = {"ids": ids[keep], "files": files[keep],
                   "hashes": cur_hashes[pos[keep]]}
-        light = (dirty is not None and len(dirty) <= LIGHT_SNAPSHOT_MAX
+        light = (dirty is not None and len(dirty) <= _light_max(vi)
                  and paths["graph"].exists())
         if light:  # the graph file stays; what changed since is listed first (a stop midway
             # leaves those chunks dropped from it and read from the cache)
@@ -670,14 +673,34 @@ class VectorStore:
         return (arrays["ids"], arrays["files"], np.asarray(arrays["vectors"], dtype=np.float32),
                 arrays.get("hashes"))
 
+    def _heavy(self, space: Space) -> bool:
+        """Would the space's snapshot write its graph whole (not a light one)? A stop's few
+        seconds cannot: at 100k chunks changed the merge alone takes longer."""
+        vi = space.vectors
+        return isinstance(vi, AnnIndex) and (not vi.based or vi.changed() > _light_max(vi)
+                                             or not self._paths(space)["graph"].exists())
+
     def snapshot_if_due(self, db: sqlite3.Connection, force: bool = False) -> None:
+        """Snapshot each space that changed, every SNAPSHOT_EVERY; and one whose snapshot
+        writes its graph whole as soon as its changes have settled (QUIET_BEFORE_GRAPH): a
+        stop could not write it in time, and every start after would build the graph again
+        from the cache (6 minutes at 1M chunks, after every file was read again)."""
+        now = time.monotonic()
         for space in self.spaces():
             if space.changed_at > space.saved_at and (
-                    force or time.monotonic() - space.saved_at > SNAPSHOT_EVERY):
+                    force or now - space.saved_at > SNAPSHOT_EVERY
+                    or (now - space.changed_at > QUIET_BEFORE_GRAPH and self._heavy(space))):
                 try:
                     self.snapshot(db, space)
                 except OSError as e:
                     log.warning("space %d: snapshot not written: %s", space.id, e)
+
+
+def _light_max(vi) -> int:
+    """The most changed chunks a light snapshot lists beside the graph file: LIGHT_SNAPSHOT_MAX,
+    and under a third of the graph (more, and much of the file is out of date: written whole,
+    which for so small a graph is quick)."""
+    return min(LIGHT_SNAPSHOT_MAX, len(vi) // 3)
 
 
 def insert(db: sqlite3.Connection, space: int, rows: list) -> None:
