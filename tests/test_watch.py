@@ -646,8 +646,9 @@ def test_the_inotify_watch_limit_is_reported_and_scans_take_over(make_daemon, tm
     with sysctl("fs.inotify.max_user_watches", _watches_in_use() + headroom):
         d.start()
         deadline = time.monotonic() + 15
-        while (src := d.call("status")["sources"][0])["watched"] and \
-                time.monotonic() < deadline:
+        # (until the watcher has tried: before, a source is neither watched nor in error)
+        while ((src := d.call("status")["sources"][0])["watched"]
+               or not src["watch_error"]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not src["watched"]
         assert "fs.inotify.max_user_watches" in src["watch_error"]
