@@ -7,6 +7,8 @@ import re
 import shutil
 import unicodedata
 
+from ragd import protocol as P
+
 
 def _ago(seconds: float) -> str:
     """A duration as a person reads it: "0.3 s", "45 s", "12 min", "5 h 20 min", "3 d 4 h"
@@ -94,8 +96,7 @@ def _terms(query: str) -> list[str]:
                 w = w[: -len(suffix)]
                 break
         out.append(w)
-    # symbols, as the daemon's index holds them (emoji, arrows, mathematical signs)
-    out += [ch for ch in query if ch > "\x7f" and unicodedata.category(ch) in ("So", "Sm")]
+    out += [ch for ch in query if ch > "\x7f" and unicodedata.category(ch) in P.SYMBOL_CATEGORIES]
     return sorted(set(out), key=len, reverse=True)
 
 

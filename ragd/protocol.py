@@ -38,6 +38,9 @@ HEADER = struct.Struct("!I")
 # Requests are small; anything above this is refused before it is read into memory.
 MAX_FRAME = 8 * 1024 * 1024
 MAX_K = 1000  # results a search may ask for (search.k in the config is held to it too)
+# Unicode categories whose characters the index holds as words of their own (emoji, dingbats,
+# arrows, mathematical signs: FTS5's tokenizer drops them); a client marks them in results too
+SYMBOL_CATEGORIES = ("So", "Sm")
 
 # Error codes. Documented in docs/protocol.md: add one there when you add one here.
 BAD_FRAME = "bad_frame"  # undecodable framing or payload (not msgpack / not JSON)

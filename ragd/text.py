@@ -11,8 +11,7 @@ import re
 import sqlite3
 import unicodedata
 
-
-SYMBOL_CATEGORIES = ("So", "Sm")
+from ragd.protocol import SYMBOL_CATEGORIES
 
 
 def symbols(text: str) -> list[str]:
