@@ -581,8 +581,7 @@ class VectorStore:
         paths["meta"].unlink(missing_ok=True)  # (a snapshot half written is not "current")
         arrays = {"ids": ids[keep], "files": files[keep],
                   "hashes": cur_hashes[pos[keep]]}
-        light = (dirty is not None and len(dirty) <= _light_max(vi)
-                 and paths["graph"].exists())
+        light = graph and _light(vi, None if dirty is None else len(dirty), paths["graph"])
         if light:  # the graph file stays; what changed since is listed first (a stop midway
             # leaves those chunks dropped from it and read from the cache)
             tmp = paths["dirty"].with_suffix(".tmp.npy")
@@ -677,8 +676,8 @@ class VectorStore:
         """Would the space's snapshot write its graph whole (not a light one)? A stop's few
         seconds cannot: at 100k chunks changed the merge alone takes longer."""
         vi = space.vectors
-        return isinstance(vi, AnnIndex) and (not vi.based or vi.changed() > _light_max(vi)
-                                             or not self._paths(space)["graph"].exists())
+        return isinstance(vi, AnnIndex) and not _light(
+            vi, vi.changed() if vi.based else None, self._paths(space)["graph"])
 
     def snapshot_if_due(self, db: sqlite3.Connection, force: bool = False) -> None:
         """Snapshot each space that changed, every SNAPSHOT_EVERY; and one whose snapshot
@@ -696,11 +695,14 @@ class VectorStore:
                     log.warning("space %d: snapshot not written: %s", space.id, e)
 
 
-def _light_max(vi) -> int:
-    """The most changed chunks a light snapshot lists beside the graph file: LIGHT_SNAPSHOT_MAX,
-    and under a third of the graph (more, and much of the file is out of date: written whole,
-    which for so small a graph is quick)."""
-    return min(LIGHT_SNAPSHOT_MAX, len(vi) // 3)
+def _light(vi: AnnIndex, changed: int | None, graph_file: Path) -> bool:
+    """Is a snapshot of this graph a light one, its changed chunks listed beside the graph
+    file, not the graph written whole? `changed`: how many chunks changed since the file was
+    loaded or saved (None: the graph was built here, from no file). At most
+    LIGHT_SNAPSHOT_MAX, and under a third of the graph: more, and much of the file is out of
+    date (written whole, which for so small a graph is quick)."""
+    return (changed is not None and changed <= min(LIGHT_SNAPSHOT_MAX, len(vi) // 3)
+            and graph_file.exists())
 
 
 def insert(db: sqlite3.Connection, space: int, rows: list) -> None:
