@@ -37,8 +37,13 @@ def do_search(args) -> int:
             shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
             found = res.get("candidate_coverage")
             if str(res.get("fusion", "")).startswith("bm25 order"):
-                how = ("ranked by keywords until 95% are in; notes found by meaning come "
-                       "after them, a clear match among the first")
+                # the rule is the share of the keywords' first chunks that have theirs, when
+                # known: the index's share may be past 95% while theirs is not
+                until = ("95% are in" if found is None else
+                         f"95% of the chunks these words found first have theirs "
+                         f"({100 * found:.0f}% now)")
+                how = (f"ranked by keywords until {until}; notes found by meaning come after "
+                       f"them, a clear match among the first")
             elif found is not None and found >= 0.95:
                 how = (f"the notes these words found have theirs ({100 * found:.0f}%), the rest "
                        f"are being embedded")

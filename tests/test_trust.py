@@ -177,6 +177,15 @@ def test_a_source_being_embedded_leaves_the_others_fused(trust_daemon, tmp_path)
             # a search the new source answers is still ranked by keywords first
             stew = d.call("search", query="lentils with cumin", k=5)
             assert stew["candidate_coverage"] < 0.95 and stew["fusion"].startswith("bm25 ")
+            # While the index's share is past 80%, the coverage line gives the share the
+            # rule looks at: the keywords' first chunks (it said "until 95% are in" at 97%).
+            mixed = "lentils with cumin for my tasks calendar"
+            res = d.call("search", query=mixed, k=5)
+            assert res["fusion"].startswith("bm25 order") and res["vector_coverage"] > 0.8, res
+            cli = ragctl("--config", d.config, "search", "-k", "5", mixed)
+            assert (f"of the index so far: ranked by keywords until 95% of the chunks these "
+                    f"words found first have theirs ({100 * res['candidate_coverage']:.0f}% "
+                    f"now)") in cli.stderr, cli.stderr
 
 
 def test_a_word_no_note_holds_is_nothing_relevant(trust_daemon):
