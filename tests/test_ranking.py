@@ -192,6 +192,19 @@ def test_rrf_adds_weight_over_60_plus_rank():
                                  4: 0.5 / 62})
 
 
+def test_a_short_question_weighs_the_vectors_as_a_long_one():
+    """A few typed keywords weigh the vectors half; a question does not, however few its
+    content words. "how do I sync my vault between devices" (three content words) was fused as
+    keywords on obsidian-hub, where "do" and "my" are as rare as "sync": a note asking "what do
+    I do?" came first, and the sync plugins the vectors put first were 6th and below."""
+    assert fusion.vector_weight("sync vault devices") == 0.5
+    assert fusion.vector_weight('"obsidian sync" devices') == 0.5
+    assert fusion.vector_weight("how do I sync my vault between devices") == 1.0
+    assert fusion.vector_weight("what is a canvas") == 1.0
+    assert fusion.vector_weight("tasks due before the weekend") == 1.0
+    assert fusion.vector_weight("recurring tasks due weekly review") == 1.0  # (four)
+
+
 def test_search_with_rrf_scores_each_chunk_by_its_ranks(tmp_path):
     """search.fusion = "rrf": each result's score is the weighted sum of 1 / (60 + rank) over
     the rankings that hold it, as the reply's own ranks and weights compute by hand."""
