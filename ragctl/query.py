@@ -106,8 +106,13 @@ def do_search(args) -> int:
                     [ln for ln in lines if ln.strip()]
                 shown = [(f"p.{r['line_start']}", ln) for ln in held[:3]]
             else:
+                # no line holds a word of the query (the match was in a heading, a tag, or by
+                # meaning): the passage's first lines, but not one without a word (an emoji
+                # alone, a rule) while the passage has others
+                said = [r["line_start"] + k for k, ln in enumerate(lines) if ln.strip()]
+                worded = [n for n in said if any(c.isalnum() for c in lines[n - r["line_start"]])]
                 at_lines = [n for n in at if r["line_start"] <= n <= r["line_end"]][:3] or \
-                    [r["line_start"] + k for k, ln in enumerate(lines) if ln.strip()][:2]
+                    (worded or said)[:2]
                 shown = [(n, lines[n - r["line_start"]] if 0 <= n - r["line_start"] < len(lines)
                           else "") for n in at_lines]
             for n, text in shown:

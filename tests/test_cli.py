@@ -109,3 +109,26 @@ def test_durations_read_as_a_person_reads_them():
 
     got = [_ago(s) for s in (0.34, 45.2, 3599, 19260, 2592000)]
     assert got == ["0.3 s", "45 s", "59 min", "5 h 21 min", "30 d 0 h"]
+
+
+def test_a_passage_without_a_matching_line_is_shown_by_lines_that_say_something(
+        make_daemon, tmp_path):
+    """A result none of whose lines holds a word of the query (here the note's alias matched)
+    is shown by the passage's first lines, but not by a line without a word: a fresh-user walk
+    saw "136: 💚" shown for a newsletter's section."""
+    vault = tmp_path / "notes"
+    vault.mkdir()
+    (vault / "Support.md").write_text(
+        "---\naliases: [zebrafinch]\n---\n💚\n\n---\n\nGrab a membership and hold onto your "
+        "hats.\n\nEvery edition is written by hand.\n")
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}])
+    with d:
+        d.wait_idle()
+        res = d.call("search", query="zebrafinch", mode="bm25")
+        assert [r["path"] for r in res["results"]] == [str(vault / "Support.md")], res
+        assert res["results"][0]["match_lines"] == [], res["results"][0]
+        r = ragctl("--config", d.config, "search", "--mode", "bm25", "zebrafinch")
+        assert r.returncode == 0, r.stderr
+        shown = [ln.strip() for ln in r.stdout.splitlines()[2:]]
+        assert shown == ["8: Grab a membership and hold onto your hats.",
+                         "10: Every edition is written by hand."], r.stdout
