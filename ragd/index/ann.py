@@ -303,17 +303,16 @@ class AnnIndex(MappedChunks):
             else:
                 kept = np.setdiff1d(np.asarray(self._base.keys, dtype=np.uint64),
                                     np.fromiter(self._dead, np.uint64, len(self._dead)))
-                whole = self._new()
                 # Whichever graph has fewer rows to carry over is added to the other: after a
                 # few edits the file's graph takes the edited rows; after most chunks changed
                 # (every file read again: new chunk ids) the graph in memory takes the few the
                 # file still holds, where adding a million rows one thread at a time would
                 # hold searches (this lock) for many minutes.
                 if len(kept) < len(self._ix):
-                    self._ix.save(str(tmp))
-                    whole.load(str(tmp))
+                    whole = self._ix.copy()
                     source, keys = self._base, kept
                 else:
+                    whole = self._new()
                     whole.load(str(self._base_path))
                     if self._dead:
                         whole.remove(np.array(sorted(self._dead), dtype=np.uint64))
