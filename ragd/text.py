@@ -300,7 +300,12 @@ def names(query: str) -> list[str]:
     return out
 
 
+def plain_words(query: str) -> list[str]:
+    """The query's distinct words outside its quoted phrases, lowercased."""
+    return list(dict.fromkeys(w.lower() for w in WORD.findall(PHRASE.sub(" ", query))))
+
+
 def content_terms(query: str) -> list[str]:
     """The query's words that carry its meaning (not question or filler words)."""
-    return [w for w in dict.fromkeys(w.lower() for w in WORD.findall(PHRASE.sub(" ", query)))
-            if w not in STOPWORDS] + [f'"{p}"' for p in PHRASE.findall(query)]
+    return [w for w in plain_words(query) if w not in STOPWORDS] + \
+        [f'"{p}"' for p in PHRASE.findall(query)]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ragd.text import PHRASE, STOPWORDS, WORD, content_terms
+from ragd.text import STOPWORDS, content_terms, plain_words
 
 # Below this share of chunks with a vector, hybrid keeps BM25's scores and order (the vector
 # side only adds what BM25 did not find, after it, and lifts a match by meaning clear enough
@@ -39,9 +39,8 @@ def vector_weight(query: str) -> float:
     """The vector ranking's weight in the fusion: half for a few typed keywords (at most three
     content words, and no question or filler word). Keywords are BM25's strength; a question
     is the vectors', however few its content words."""
-    words = [w.lower() for w in WORD.findall(PHRASE.sub(" ", query))]
     return 0.5 if len(content_terms(query)) <= 3 and not any(
-        w in STOPWORDS for w in words) else 1.0
+        w in STOPWORDS for w in plain_words(query)) else 1.0
 
 
 def rrf(lists: dict[str, list[int]], k: int = 60,
