@@ -128,14 +128,28 @@ def test_a_buffer_embeds_only_its_new_texts_and_related_notes(make_daemon, tmp_p
         assert e.value.code == "bad_args"
 
 
-def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, tmp_path):
-    """A section held word for word by many notes of a source (a licence footer) does not link
-    them, however many notes other sources hold: related answers from the note's own
+# A footer every note of a source ends with: word for word, or linking the note's own page
+# (the Obsidian Hub's "Edit In GitHub": the same text as read, its address aside)
+FOOTERS = {
+    "copied": lambda name: ("\n## Copyright\n\nThis document has been placed in the public "
+                            "domain. It may be copied and changed freely.\n"),
+    "own address": lambda name: (
+        "\n## This note in GitHub\n\n[Edit In GitHub](https://github.dev/example/hub/blob/"
+        f"main/{name} \"edit-note\") | [Copy this note](https://raw.example.org/hub/main/"
+        f"{name}) | [Download this vault](https://github.com/example/hub/archive/main.zip)\n"),
+}
+
+
+@pytest.mark.parametrize("footer_kind", list(FOOTERS))
+def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, tmp_path,
+                                                                    footer_kind):
+    """A section held by many notes of a source (a licence footer, word for word; or a
+    footer linking each note's own page, cosine 0.94-0.96 between two notes' copies) does not
+    link them, however many notes other sources hold: related answers from the note's own
     sections, by topic."""
     root = tmp_path / "docs"
     root.mkdir()
-    footer = ("\n## Copyright\n\nThis document has been placed in the public domain. "
-              "It may be copied and changed freely.\n")
+    footer_of = FOOTERS[footer_kind]
     topics = {
         "roses.md": "# Pruning roses\n\nCut rose stems above an outward bud in late winter, "
                     "and feed the roses with compost in spring.\n",
@@ -147,7 +161,7 @@ def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, 
                   "the receipts for deductions.\n",
     }
     for name, body in topics.items():
-        (root / name).write_text(body + footer)
+        (root / name).write_text(body + footer_of(name))
     other = tmp_path / "journal"  # a source beside it, without the footer
     other.mkdir()
     for i in range(12):
@@ -161,7 +175,7 @@ def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, 
         # linked from the note's own section (lines 1-3), not from the footer (lines 5-7)
         assert all(r["link"]["from"]["line_end"] <= 3 for r in rel), rel
         text = ("# Sowing lettuce\n\nSow lettuce seeds thinly in the garden bed in spring "
-                "and water the seedlings.\n" + footer)
+                "and water the seedlings.\n" + footer_of("lettuce.md"))
         by_text = d.call("related", text=text, k=2)["results"]
         assert {r["path"] for r in by_text} == {str(root / "roses.md"),
                                                 str(root / "tulips.md")}, by_text

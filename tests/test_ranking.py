@@ -463,3 +463,47 @@ def test_a_note_asked_for_by_its_name_is_shown_by_its_opening(tmp_path):
     res = s.search("type hint none", k=3, mode="bm25")
     assert res["results"][0]["path"] == pep
     assert res["results"][0]["heading"].endswith("Using None"), res["results"][0]
+
+
+def test_a_footer_linking_each_notes_own_page_is_boilerplate(tmp_path):
+    """A footer that links each note's own page ("Edit In GitHub", the Obsidian Hub's) is one
+    text as read: counted as boilerplate in every note that holds it, though no two copies are
+    equal. A named stub of a note, its placeholder line and that footer, is shown by its
+    placeholder: the footer (the first chunk long enough to say something) showed before."""
+    from ragd.index import store
+
+    def footer(name):
+        name = name.replace(" ", "%20")
+        return ("\n## This note in GitHub\n\n<span class=\"git-footer\">[Edit In GitHub]("
+                f"https://github.dev/example/hub/blob/main/{name} \"edit-note\") | [Copy this "
+                f"note](https://raw.example.org/hub/main/{name})</span>\n")
+    docs = {f"c/{t}.md": f"# {t}\n\nA note of its own about {t.lower()}, with some words.\n"
+            + footer(f"{t}.md") for t in ("Canvas", "Graph view", "Backlinks")}
+    docs["c/Obsidian Sync.md"] = ("# Obsidian Sync\n\n#placeholder/description\n"
+                                  + footer("Obsidian Sync.md"))
+    s = RankedStore(tmp_path, docs, FakeEmbedder({}, default=axis(0)))
+    db = store.connect(s.cfg.db_path)
+    try:
+        rows = db.execute("SELECT id, heading FROM chunks").fetchall()
+        counts = store.shared_text_counts(db, [cid for cid, _ in rows], 3)
+        assert {h for cid, h in rows if cid in counts} == {
+            f"{t} > This note in GitHub" for t in ("Canvas", "Graph view", "Backlinks",
+                                                    "Obsidian Sync")}, counts
+        assert set(counts.values()) == {4}
+        # an index of schema 11 held the hashes of the exact texts: migrated (m012), the
+        # footers are one text again
+        from ragd.ingest.chunker import text_hash
+        with store.transaction(db):
+            db.executemany("UPDATE chunks SET text_hash = ? WHERE id = ?",
+                           [(text_hash(t), cid) for cid, t in
+                            db.execute("SELECT id, text FROM chunks").fetchall()])
+        assert store.shared_text_counts(db, [cid for cid, _ in rows], 3) == {}
+        db.execute("PRAGMA user_version = 11")
+        assert store.migrate(db) == 11
+        assert store.shared_text_counts(db, [cid for cid, _ in rows], 3) == counts
+    finally:
+        db.close()
+    for mode in ("hybrid", "bm25"):
+        top = s.search("Obsidian Sync", k=3, mode=mode)["results"][0]
+        assert top["path"] == s.path("c/Obsidian Sync.md") and top["scores"]["named"], top
+        assert top["heading"] == "Obsidian Sync" and "placeholder" in top["text"], top

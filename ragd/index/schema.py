@@ -359,6 +359,21 @@ def m011_note_names(db: sqlite3.Connection) -> None:
     """)
 
 
+@migration
+def m012_text_hash_as_read(db: sqlite3.Connection) -> None:
+    """chunks.text_hash becomes the hash of the text as read (chunker.read_hash: addresses
+    left out), so that a footer linking each note's own page is one text in every note, as
+    boilerplate. Only the searches' weighing of shared text and related read it; nothing is
+    embedded or read again."""
+    from ragd.ingest.chunker import read_hash
+    t0 = time.monotonic()
+    db.create_function("ragd_read_hash", 1, read_hash, deterministic=True)
+    n = db.execute("UPDATE chunks SET text_hash = ragd_read_hash(text) "
+                   "WHERE text_hash != ragd_read_hash(text)").rowcount
+    if n:
+        log.info("text hashes of %d chunks taken as read (%.1fs)", n, time.monotonic() - t0)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -622,8 +622,8 @@ def indexed_files(db: sqlite3.Connection, source: str | None = None) -> int:
 
 def text_hash_files(db: sqlite3.Connection, hashes, source: str | None = None
                     ) -> dict[str, int]:
-    """text hash -> how many files hold a chunk of exactly that text (of one source, or of
-    all)."""
+    """text hash -> how many files hold a chunk of that text (as read: chunker.read_hash),
+    of one source or of all."""
     out: dict[str, int] = {}
     where, extra = ("AND f.source = ?", [source]) if source else ("", [])
     for part, q in in_batches(sorted(set(hashes))):
@@ -636,7 +636,7 @@ def text_hash_files(db: sqlite3.Connection, hashes, source: str | None = None
 
 def shared_text_counts(db: sqlite3.Connection, chunk_ids: Iterable[int],
                        at_least: int = 1, cap: int = 256) -> dict[int, int]:
-    """chunk id -> how many files of its source hold a chunk of exactly its text (1: its own
+    """chunk id -> how many files of its source hold a chunk of its text (as read) (1: its own
     file only), counted up to `cap`, for the chunks whose text at least `at_least` files hold.
     Chunk ids of no row are left out. Each text is counted once, however many of the chunks
     hold it, and no further than `cap` files: a text in every copy of a large corpus (a

@@ -39,6 +39,19 @@ def text_hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
+# An address in a text: a URL, up to the space, quote, bracket or parenthesis that ends it
+_ADDRESS = re.compile(r"""\b[a-z][a-z0-9+.-]*://[^\s<>()\[\]"']+""", re.IGNORECASE)
+
+
+def read_hash(text: str) -> str:
+    """The hash of a chunk's text as a reader takes it in: its addresses (URLs) left out and
+    its spaces as one. Two chunks of one hash say the same thing (search/boilerplate.py): a
+    footer that links each note's own page ("[Edit In GitHub](https://…/<this note>.md)"),
+    a template's line citing each note's source, are one text copied into every note, and
+    with their addresses in were as many different texts."""
+    return text_hash(" ".join(_ADDRESS.sub("", text).split()))
+
+
 def embed_text(heading: str, body: str) -> str:
     """What the embedding model sees: the contextual header, then the body. (The model's
     document prefix is added by the embedder: it belongs to the vector space.)"""
@@ -56,7 +69,8 @@ class Chunk:
 
     @property
     def text_hash(self) -> str:
-        return text_hash(self.text)
+        """(What chunks.text_hash holds: see read_hash.)"""
+        return read_hash(self.text)
 
     @property
     def embed_hash(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from ragd.search import boilerplate
 from ragd.search.fusion import Candidate, lift
 from ragd.search.passages import says_little
 from ragd.text import name_key
@@ -35,13 +36,17 @@ def named(db: sqlite3.Connection, query: str, files=None, exclude=()) -> tuple[s
 
 def opening(db: sqlite3.Connection, file_id: int) -> int | None:
     """The chunk a named note is shown by: its opening, the first of its chunks that says
-    something (not passages.says_little: long enough, not a header of fields); its first
-    chunk when none of the first OPENING_CHUNKS does. Asked for by its name, a note is asked
-    for whole: where it begins says what it is, where the name's words happen to fall ("Type
-    Hints": a tip on `None` in a type hint; "The Zen of Python": its header) does not."""
+    something of it (not passages.says_little: long enough, not a header of fields; nor
+    boilerplate, a text many notes share); its first chunk when none of the first
+    OPENING_CHUNKS does. Asked for by its name, a note is asked for whole: where it begins
+    says what it is, where the name's words happen to fall ("Type Hints": a tip on `None` in
+    a type hint; "The Zen of Python": its header) does not, nor does a footer every note
+    ends with (an empty stub of a note is shown by its placeholder line, not by that)."""
     rows = db.execute("SELECT id, text FROM chunks WHERE file_id = ? ORDER BY ordinal LIMIT ?",
                       (file_id, OPENING_CHUNKS)).fetchall()
-    said = next((cid for cid, text in rows if not says_little(text)), None)
+    common = boilerplate.shared(db, [cid for cid, _ in rows])
+    said = next((cid for cid, text in rows if not says_little(text) and cid not in common),
+                None)
     return said if said is not None else (rows[0][0] if rows else None)
 
 

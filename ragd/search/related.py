@@ -18,7 +18,7 @@ BOILERPLATE_MIN = 3  # ... in this many) links nothing
 
 
 def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
-    """The (spans, vectors) of the asked note's sections but those whose exact text is in
+    """The (spans, vectors) of the asked note's sections but those whose text (as read: chunker.read_hash) is in
     BOILERPLATE_SHARE of the notes of its source (of every source for a text) and in
     BOILERPLATE_MIN notes, unless that is every section. A section copied word for word into
     many notes — a licence footer, a template's fixed lines — is as near to each of them
