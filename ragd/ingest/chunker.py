@@ -49,7 +49,9 @@ def read_hash(text: str) -> str:
     footer that links each note's own page ("[Edit In GitHub](https://…/<this note>.md)"),
     a template's line citing each note's source, are one text copied into every note, and
     with their addresses in were as many different texts."""
-    return text_hash(" ".join(_ADDRESS.sub("", text).split()))
+    if "://" in text:  # (the pattern's scan of every text took 3/4 of the time)
+        text = _ADDRESS.sub("", text)
+    return text_hash(" ".join(text.split()))
 
 
 def embed_text(heading: str, body: str) -> str:
