@@ -99,6 +99,8 @@ class Daemon:
                 return self
             except (P.NotRunning, OSError):
                 time.sleep(0.02)
+        self.kill()  # (left running, it would hold the data dir of the next run)
+        self._err.close()
         raise RuntimeError(f"ragd did not answer within {timeout}s")
 
     def client(self, timeout: float = 30.0) -> P.Client:
