@@ -4,9 +4,11 @@ with real MiniLM vectors, and through the real daemon."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sqlite3
+import threading
 import time
 from types import SimpleNamespace
 
@@ -582,3 +584,66 @@ def test_the_rows_of_gone_files_are_read_in_lists(tmp_path):
     assert all(rows[rel].relpath == rel and rows[rel].source == "v" for rel in names)
     assert rows["gone/n1999.md"].size == 1999 and rows[odd].hash == "h2000"
     assert rows["gone/n0.md"].hash == "h0"
+
+
+def test_the_queue_takes_every_notes_head_before_long_notes_rest():
+    """Space's queue: texts past a long note's first HEAD_TEXTS (`rest`) are taken once no
+    other text waits; an edit's (`first`) and a text some note holds in its head are not held
+    back; pending counts each once, and stored or forgotten texts leave either part."""
+    from ragd.index.space import Space
+    s = Space(1, None, VectorIndex(4))
+    s.queue(["a1", "a2", "t1", "t2"], rest={"t1", "t2"})
+    s.queue(["b1", "t2"])  # t2 is also in another note's head: it goes with the heads
+    s.queue(["e1", "t3"], first=True, rest={"t3"})  # an edit's: first, whatever its place
+    assert s.pending() == 7
+    stop = threading.Event()
+    assert s.take(3, stop) == ["e1", "t3", "a1"]
+    assert s.take(10, stop) == ["a2", "b1", "t2", "t1"]
+    s.queue(["c1", "t4"], rest={"t4"})
+    s.forget({"t4"})
+    s.stored(["e1", "t3", "a1", "a2", "t2", "b1", "t1"])
+    assert s.pending() == 1 and s.take(10, stop) == ["c1"]
+
+
+def test_past_heads_are_the_texts_only_a_long_note_s_tail_holds():
+    from ragd.index.space import HEAD_TEXTS
+    from ragd.index.vectorstore import past_heads
+    long = [(100 + i, f"l{i}", 7) for i in range(HEAD_TEXTS + 3)]
+    short = [(10, "s0", 3), (11, f"l{HEAD_TEXTS + 2}", 3)]  # a tail text a short note holds
+    assert past_heads(long[::-1] + short) == {f"l{HEAD_TEXTS}", f"l{HEAD_TEXTS + 1}"}
+
+
+def test_a_long_note_modified_last_waits_behind_every_notes_opening(make_daemon, tmp_path):
+    """Vectors built for an index that had none (BM25 first, then an embedding model): most
+    recently modified notes first, but a long note's texts past its first HEAD_TEXTS come
+    after every other note's. A 5 MB note modified last held the queue for minutes before any
+    other note had a vector (a fresh-user walk on the Obsidian Hub)."""
+    from ragd.index.space import HEAD_TEXTS
+    root = small_vault(tmp_path / "vault")
+    long = root / "Log.md"
+    long.write_text("# Log\n\n" + "\n\n".join(
+        f"## Entry {i}\n\nOn day {i} the greenhouse sensor {i * 7} read a humidity of "
+        f"{40 + i % 30} percent and the fan ran for {i % 11} hours." for i in range(60)) + "\n")
+    old = time.time() - 86400
+    for p in root.rglob("*.md"):
+        if p != long:
+            os.utime(p, (old, old))
+    sources = [{"name": "n", "path": str(root), "kind": "folder"}]
+    with make_daemon(sources=sources) as d:  # BM25 only: no vector yet
+        d.wait_idle()
+    d = make_daemon(sources=sources, extra=engine_config())
+    with d:
+        wait_embedded(d)
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    try:
+        rows = db.execute("SELECT f.relpath, c.ordinal, e.created_at FROM chunks c JOIN files f "
+                          "ON f.id = c.file_id JOIN embeddings e ON e.text_hash = c.embed_hash"
+                          ).fetchall()
+    finally:
+        db.close()
+    heads = [t for p, o, t in rows if not p.endswith("Log.md") or o < HEAD_TEXTS]
+    tail = [t for p, o, t in rows if p.endswith("Log.md") and o >= HEAD_TEXTS]
+    assert len(tail) > 30 and len(heads) > 100
+    assert max(heads) <= min(tail), (max(heads), min(tail))
+    # the long note's head came first, as the most recently modified
+    assert min(t for p, o, t in rows if p.endswith("Log.md")) == min(heads)

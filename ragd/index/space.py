@@ -13,6 +13,12 @@ from ragd.engines.models import ResolvedModel
 from ragd.index.ann import AnnIndex
 from ragd.index.vectors import VectorIndex
 
+# A note's first texts queued in its turn; those past them wait until every note's first ones
+# are in (Space.rest). Most recently modified first, a 5 MB note last touched (a log, an
+# export: 4,700 chunks) held the queue for minutes before any other note had a vector; now
+# it is found by its opening meanwhile, and by the rest of it once every note has its own.
+HEAD_TEXTS = 16
+
 
 class Space:
     """One vector space: its matrix, and the queue of texts still without a vector."""
@@ -26,6 +32,8 @@ class Space:
         self.recognised = None
         self.cv = threading.Condition()
         self.todo: OrderedDict[str, None] = OrderedDict()  # text hashes without a vector
+        # ... and those of long notes past their first HEAD_TEXTS: taken once todo is empty
+        self.rest: OrderedDict[str, None] = OrderedDict()
         self.retry: list[tuple[float, str]] = []  # (when, text hash): refused, try again
         # Hashes taken off the queue, not yet stored. One may be queued again meanwhile (the
         # same text committed by another file): it is counted once, and leaves the queue
@@ -48,11 +56,11 @@ class Space:
 
     def pending(self) -> int:
         with self.cv:
-            return (len(self.todo) + len(self.retry)
-                    + sum(1 for h in self.inflight if h not in self.todo))
+            return (len(self.todo) + len(self.rest) + len(self.retry)
+                    + sum(1 for h in self.inflight if h not in self.todo and h not in self.rest))
 
     def busy(self) -> bool:  # with self.cv held
-        return bool(self.todo or self.retry or self.inflight)
+        return bool(self.todo or self.rest or self.retry or self.inflight)
 
     def idle(self) -> bool:
         with self.cv:
@@ -68,13 +76,19 @@ class Space:
                 self.cv.wait(left)
         return True
 
-    def queue(self, hashes, first: bool = False) -> None:
+    def queue(self, hashes, first: bool = False, rest=frozenset()) -> None:
         """Texts to embed, at the back of the queue; `first`: at its front (an edit's, while a
-        backlog is embedded: it waits for the batch in the engine's hands, not the backlog)."""
+        backlog is embedded: it waits for the batch in the engine's hands, not the backlog).
+        Those in `rest` (long notes' texts past their first HEAD_TEXTS) go to the back of the
+        rest, unless first, or queued before them."""
         with self.cv:
             hashes = list(hashes)
             for h in hashes:
-                self.todo[h] = None
+                if h in rest and not first and h not in self.todo:
+                    self.rest[h] = None
+                else:
+                    self.todo[h] = None
+                    self.rest.pop(h, None)
             if first:
                 for h in reversed(hashes):
                     self.todo.move_to_end(h, last=False)
@@ -89,7 +103,7 @@ class Space:
                 now = time.time()
                 while self.retry and self.retry[0][0] <= now:
                     self.todo[heapq.heappop(self.retry)[1]] = None
-                if self.todo:
+                if self.todo or self.rest:
                     break
                 self.cv.notify_all()  # wait_idle
                 left = None if until is None else until - time.monotonic()
@@ -98,8 +112,8 @@ class Space:
                 wait = self.retry[0][0] - now if self.retry else None
                 self.cv.wait(left if wait is None else wait if left is None else min(wait, left))
             out = []
-            while self.todo and len(out) < n:
-                out.append(self.todo.popitem(last=False)[0])
+            while (self.todo or self.rest) and len(out) < n:
+                out.append((self.todo or self.rest).popitem(last=False)[0])
             self.inflight.update(out)
             return out
 
@@ -119,6 +133,7 @@ class Space:
             for h in hashes:
                 self.inflight.discard(h)
                 self.todo.pop(h, None)
+                self.rest.pop(h, None)
             self.cv.notify_all()
 
     def done(self, hashes: list[str]) -> None:
@@ -129,7 +144,7 @@ class Space:
     def queued(self, hashes: set[str]) -> set[str]:
         """Those of these hashes waiting in the queue or being embedded now."""
         with self.cv:
-            out = {h for h in hashes if h in self.todo or h in self.inflight}
+            out = {h for h in hashes if h in self.todo or h in self.rest or h in self.inflight}
             out.update(h for _, h in self.retry if h in hashes)
             return out
 
@@ -142,6 +157,7 @@ class Space:
         with self.cv:
             for h in hashes:
                 self.todo.pop(h, None)
+                self.rest.pop(h, None)
             self.inflight.difference_update(hashes)  # (still embedded, the vectors kept)
             if any(h in hashes for _, h in self.retry):
                 self.retry = [r for r in self.retry if r[1] not in hashes]

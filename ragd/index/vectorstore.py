@@ -34,7 +34,7 @@ from ragd.engines.models import REGISTRY, ResolvedModel, recognise, sha256_file
 from ragd.index import store
 from ragd.index.ann import AnnIndex
 from ragd.index.keysonly import KeysOnly
-from ragd.index.space import Space
+from ragd.index.space import HEAD_TEXTS, Space
 from ragd.index.vectors import VectorIndex, from_blob, to_blob
 from ragd.text import chunk_rows
 
@@ -132,7 +132,7 @@ class VectorStore:
             found = self._add_cached(db, space, by_hash)
             missing = [h for h in by_hash if h not in found]
             if missing:
-                space.queue(missing, first=live)
+                space.queue(missing, first=live, rest=past_heads(added))
         for fn in self._committed:
             fn()
 
@@ -456,12 +456,18 @@ class VectorStore:
         else:
             stale = bool(len(cur_ids))
         todo: OrderedDict[str, None] = OrderedDict()
+        rest: OrderedDict[str, None] = OrderedDict()
+        tail: set[int] = set()
         idx = np.flatnonzero(need)
-        if len(idx):  # queued most recently modified note first, as the indexer takes them
+        if len(idx):  # queued most recently modified note first, as the indexer takes them,
+            # and a long note's texts past its first HEAD_TEXTS after every note's first ones
             mtimes = dict(db.execute("SELECT id, mtime_ns FROM files"))
             recent = np.fromiter((mtimes.get(int(f), 0) for f in cur_files[idx]),
                                  dtype=np.int64, count=len(idx))
             idx = idx[np.argsort(-recent, kind="stable")]
+            tail = past_head_mask(cur_files, idx)
+            idx = np.concatenate([idx[~tail], idx[tail]])
+            tail = set(idx[len(idx) - int(tail.sum()):].tolist())
         for i in range(0, len(idx), 20000):
             part = idx[i:i + 20000]
             hashes = [h.decode().rstrip() for h in cur_hashes[part].tolist()]
@@ -472,11 +478,15 @@ class VectorStore:
                 self._add(space, cur_ids[rows].tolist(),
                           self._stack(space, [cached[h] for _, h in have]),
                           cur_files[rows].tolist())
-            for h in hashes:
-                if h not in cached and h not in skip:
-                    todo[h] = None
+            for k, h in zip(part.tolist(), hashes):
+                if h not in cached and h not in skip and h not in todo:
+                    if k in tail:
+                        rest[h] = None
+                    else:
+                        todo[h] = None
+                        rest.pop(h, None)
         with space.cv:
-            space.todo = todo
+            space.todo, space.rest = todo, rest
         if kept is not None:  # "N vectors: S from the snapshot, C from the cache"
             how = f": {kept} {how}, {len(space.vectors) - kept} from the cache"
         return how, stale
@@ -506,7 +516,7 @@ class VectorStore:
         else:
             space.vectors.add(ids.tolist(), mat, files.tolist())
         with space.cv:
-            space.todo = OrderedDict()
+            space.todo, space.rest = OrderedDict(), OrderedDict()
         return fresh
 
     def _refresh(self, db: sqlite3.Connection, space: Space, graph: AnnIndex, ids: np.ndarray,
@@ -693,6 +703,28 @@ class VectorStore:
                     self.snapshot(db, space)
                 except OSError as e:
                     log.warning("space %d: snapshot not written: %s", space.id, e)
+
+
+def past_heads(added) -> set[str]:
+    """Of a commit's added chunks ((chunk id, text hash, file id), a file's in id order: as
+    written), the texts found only past their note's first space.HEAD_TEXTS."""
+    seen: dict[int, int] = {}
+    head, tail = set(), set()
+    for _, h, fid in sorted(added, key=lambda a: (a[2], a[0])):
+        seen[fid] = n = seen.get(fid, 0) + 1
+        (tail if n > HEAD_TEXTS else head).add(h)
+    return tail - head
+
+
+def past_head_mask(files: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """For each of idx (positions in `files`, in the order they are queued), whether its
+    file came HEAD_TEXTS times before it."""
+    seen: dict[int, int] = {}
+    out = np.zeros(len(idx), dtype=bool)
+    for i, f in enumerate(files[idx].tolist()):
+        seen[f] = n = seen.get(f, 0) + 1
+        out[i] = n > HEAD_TEXTS
+    return out
 
 
 def _light(vi: AnnIndex, changed: int | None, graph_file: Path) -> bool:

@@ -10,13 +10,15 @@ import time
 from ragd import __version__, workers
 from ragd import protocol as P
 from ragd.index import store
+from ragd.index.space import HEAD_TEXTS
 from ragd.ingest.sources import printable
 from ragd.ops.parts import Parts
 from ragd.replies import OpError
 from ragd.search.fusion import PARTIAL_FUSION_FROM
 
 # The order texts wait for their vectors in (scan.Scans._scan_source, VectorStore._load)
-EMBED_ORDER = "most recently modified notes first"
+EMBED_ORDER = (f"most recently modified notes first (a long note's rest after every note's "
+               f"first {HEAD_TEXTS} texts)")
 EVENT_GRACE = 0.1  # seconds a wait gives an edit made just before it to be heard
 
 
