@@ -568,15 +568,15 @@ def chunk_results(db: sqlite3.Connection, ids) -> dict[int, sqlite3.Row]:
 def chunk_neighbours(db: sqlite3.Connection, chunk_id: int, n: int = 3
                      ) -> tuple[list[tuple], list[tuple]]:
     """(the n chunks after it in its file, the n before it, nearest first), each as
-    (line_start, line_end, text)."""
+    (id, line_start, line_end, text)."""
     row = db.execute("SELECT file_id, ordinal FROM chunks WHERE id = ?", (chunk_id,)).fetchone()
     if row is None:
         return [], []
     fid, ordinal = row
-    after = db.execute("SELECT line_start, line_end, text FROM chunks WHERE file_id = ? AND "
+    after = db.execute("SELECT id, line_start, line_end, text FROM chunks WHERE file_id = ? AND "
                        "ordinal > ? ORDER BY ordinal LIMIT ?", (fid, ordinal, n)).fetchall()
-    before = db.execute("SELECT line_start, line_end, text FROM chunks WHERE file_id = ? AND "
-                        "ordinal < ? ORDER BY ordinal DESC LIMIT ?", (fid, ordinal, n)).fetchall()
+    before = db.execute("SELECT id, line_start, line_end, text FROM chunks WHERE file_id = ? "
+                        "AND ordinal < ? ORDER BY ordinal DESC LIMIT ?", (fid, ordinal, n)).fetchall()
     return after, before
 
 
