@@ -180,6 +180,13 @@ def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, 
         assert {r["path"] for r in by_text} == {str(root / "roses.md"),
                                                 str(root / "tulips.md")}, by_text
         assert all(r["link"]["from"]["line_end"] <= 3 for r in by_text), by_text
+        # a note of nothing but a title and the footer links by nothing: no note, and why
+        # (the Obsidian Hub's stubs were linked to each other by their footers)
+        (root / "stub.md").write_text("# Stub\n" + footer_of("stub.md"))
+        d.wait_idle(vectors=True)
+        stub = d.call("related", path=str(root / "stub.md"), k=3)
+        assert stub["results"] == [] and "every section of it is text many notes share" in \
+            stub["reason"], stub
 
 
 def test_a_buffer_is_scored_as_a_whole_note_as_its_file_would_be(make_daemon, tmp_path):

@@ -55,7 +55,7 @@ class RelatedOps:
             coverage = round(Searcher._coverage(db, space.vectors), 4)
             partial = {"vector_coverage": coverage} if coverage < 1.0 else {}
             spans, vecs, own, note_path, hashes = self._related_source(db, path, text)
-            spans, vecs = related.distinct_sections(db, spans, vecs, hashes, own)
+            spans, vecs, shared_only = related.distinct_sections(db, spans, vecs, hashes, own)
             if not len(vecs):
                 why = ("the note has no text to compare" if path is not None and not spans
                        and not self._has_chunks(db, path) else
@@ -67,6 +67,11 @@ class RelatedOps:
                             f"they are being embedded)")
                 return {"results": [], "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
                         "reason": why, **partial}
+            if shared_only:  # (a stub: its title and the hub's footer; a template not filled)
+                return {"results": [], "of": note_path, "reason": (
+                            "every section of it is text many notes share (a template's, a "
+                            "footer): nothing of its own links it to another note"),
+                        "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), **partial}
             exclude = own | {b.file_id for b in self.p.buffers.active() if b.file_id is not None}
             searched = self._searched(space)
             if isinstance(searched, str):

@@ -18,16 +18,18 @@ BOILERPLATE_MIN = 3  # ... in this many) links nothing
 
 
 def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
-    """The (spans, vectors) of the asked note's sections but those whose text (as read: chunker.read_hash) is in
-    BOILERPLATE_SHARE of the notes of its source (of every source for a text) and in
-    BOILERPLATE_MIN notes, unless that is every section. A section copied word for word into
-    many notes — a licence footer, a template's fixed lines — is as near to each of them
-    (cosine 0.99) and says nothing of what a note is about: on 121 PEPs, related linked a PEP
-    to others by their identical "Copyright" section before any of its own. Counted within the
-    source: a folder's footer shared by most of its documents is boilerplate there even beside
-    a large vault. Sections a few notes share stay: a tag line, an included snippet."""
+    """The (spans, vectors) of the asked note's sections but those whose text (as read:
+    chunker.read_hash) is in BOILERPLATE_SHARE of the notes of its source (of every source for
+    a text) and in BOILERPLATE_MIN notes, and whether every section is such a text (then all
+    are given back, and related answers nothing: a stub of a title and a footer has nothing of
+    its own to link by). A section copied word for word into many notes — a licence footer,
+    a template's fixed lines — is as near to each of them (cosine 0.99) and says nothing of
+    what a note is about: on 121 PEPs, related linked a PEP to others by their identical
+    "Copyright" section before any of its own. Counted within the source: a folder's footer
+    shared by most of its documents is boilerplate there even beside a large vault. Sections
+    a few notes share stay: a tag line, an included snippet."""
     if not hashes:
-        return spans, vecs
+        return spans, vecs, False
     source = store.files_source(db, own)
     notes = store.indexed_files(db, source)
     shared = store.text_hash_files(db, hashes, source)
@@ -35,8 +37,8 @@ def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
     common = {h for h, n in shared.items() if n >= floor}
     keep = [i for i, h in enumerate(hashes) if h not in common]
     if not keep or len(keep) == len(hashes):
-        return spans, vecs
-    return [spans[i] for i in keep], vecs[keep]
+        return spans, vecs, not keep
+    return [spans[i] for i in keep], vecs[keep], False
 
 
 def nearest_notes(db: sqlite3.Connection, vectors, vecs, k: int, exclude
