@@ -86,7 +86,7 @@ _STOP = frozenset("a an and are as at be by can do does for from has have how i 
 
 def _terms(query: str) -> list[str]:
     """The query's words to mark in results, cut to a stem-ish prefix (FTS5 stems with
-    porter: 'repeating' matched 'repeat'), and its symbols (emoji: words to the index too)."""
+    porter: 'repeating' matched 'repeat'), and its signs (emoji, ':=': words to the index too)."""
     out = []
     for w in re.findall(r"\w+", query.lower()):
         if w in _STOP or len(w) < 2:
@@ -97,6 +97,7 @@ def _terms(query: str) -> list[str]:
                 break
         out.append(w)
     out += [ch for ch in query if ch > "\x7f" and unicodedata.category(ch) in P.SYMBOL_CATEGORIES]
+    out += P.operators(query)
     return sorted(set(out), key=len, reverse=True)
 
 

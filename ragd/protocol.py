@@ -41,6 +41,18 @@ MAX_K = 1000  # results a search may ask for (search.k in the config is held to 
 # Unicode categories whose characters the index holds as words of their own (emoji, dingbats,
 # arrows, mathematical signs: FTS5's tokenizer drops them); a client marks them in results too
 SYMBOL_CATEGORIES = ("So", "Sm")
+# ASCII operators the index holds as words too (':=' in PEP 572, '->' in a signature): a run of
+# these characters is one when the whole run is among OPERATORS (so '-->' closing a comment,
+# a '---' rule, '**' of bold text are not; '==' of an Obsidian highlight is, as grep finds it)
+OPERATOR_RUN = re.compile(r"[-:=<>!&|+*/?%^~.]{2,}")
+OPERATORS = frozenset((":=", "->", "=>", "<-", "<=", ">=", "==", "!=", "===", "!==", "&&", "||",
+                       "::", "|>", "+=", "-=", "*=", "/=", "<=>", "??", "?.", "**=", "//=",
+                       "<<=", ">>=", "%="))
+
+
+def operators(text: str) -> list[str]:
+    """The OPERATORS of a text, in order."""
+    return [m for m in OPERATOR_RUN.findall(text) if m in OPERATORS]
 
 # Error codes. Documented in docs/protocol.md: add one there when you add one here.
 BAD_FRAME = "bad_frame"  # undecodable framing or payload (not msgpack / not JSON)

@@ -11,22 +11,31 @@ import re
 import sqlite3
 import unicodedata
 
-from ragd.protocol import SYMBOL_CATEGORIES
+from ragd.protocol import SYMBOL_CATEGORIES, operators
 
 
 def symbols(text: str) -> list[str]:
-    """The symbol characters of a text, in order: Unicode's other symbols (So: emoji, dingbats
-    — the ⛔ 📅 ✅ of a task line) and mathematical ones (Sm: arrows and signs, → ≤ ∅). FTS5's
-    tokenizer drops them, so a search for one found nothing where grep finds it: the tantivy
-    index keeps each as a token of its own (index/textindex.py), and FTS5 sees each as a word
-    (symbol_words) in the keywords of the chunk holding it. (ASCII signs are not: '->' and
-    ':=' are read as punctuation.)"""
-    return [ch for ch in text if ch > "\x7f" and unicodedata.category(ch) in SYMBOL_CATEGORIES]
+    """The signs of a text, in order: its symbol characters, Unicode's other symbols (So: emoji,
+    dingbats — the ⛔ 📅 ✅ of a task line) and mathematical ones (Sm: arrows and signs, → ≤ ∅),
+    then its ASCII operators (protocol.OPERATORS: ':=', '->', '!='). FTS5's tokenizer drops
+    them all, so a search for one found nothing where grep finds it: the tantivy index keeps
+    each as a token of its own (index/textindex.py), and FTS5 sees each as a word
+    (symbol_words) in the keywords of the chunk holding it."""
+    chars = [] if text.isascii() else [
+        ch for ch in text if ch > "\x7f" and unicodedata.category(ch) in SYMBOL_CATEGORIES]
+    return chars + operators(text)
+
+
+def sign_word(sign: str) -> str:
+    """The word FTS5 holds a sign by: "sym26d4" for ⛔, "op3a3d" for ':='."""
+    if len(sign) == 1:
+        return f"sym{ord(sign):x}"
+    return "op" + "".join(f"{ord(ch):x}" for ch in sign)
 
 
 def symbol_words(text: str) -> str:
-    """Each symbol of a text as a word FTS5 keeps ("sym26d4" for ⛔), space-separated."""
-    return " ".join(f"sym{ord(ch):x}" for ch in symbols(text))
+    """Each sign of a text as a word FTS5 keeps (sign_word), space-separated."""
+    return " ".join(sign_word(sign) for sign in symbols(text))
 
 
 def with_symbols(heading: str, keywords: str, body: str) -> str:
@@ -86,7 +95,7 @@ def query_parts(text: str) -> list[str]:
 def symbol_parts(text: str) -> list[str]:
     """Each distinct symbol of a query as the FTS5 phrase of the word FTS5 holds it by
     (symbol_words: '"sym26d4"' for ⛔)."""
-    return [f'"{symbol_words(ch)}"' for ch in dict.fromkeys(symbols(text))]
+    return [f'"{sign_word(sign)}"' for sign in dict.fromkeys(symbols(text))]
 
 
 def fts_parts(text: str) -> list[str]:

@@ -22,6 +22,7 @@ from rank_bm25 import BM25Okapi
 
 from conftest import SHARED, copy_vault
 from ragd import config
+from ragd.protocol import operators
 from ragd.index import store
 from ragd.index.indexer import Indexer
 from ragd.search import bm25
@@ -358,7 +359,8 @@ def _lines_read_line_by_line(text: str, query: str) -> list[int]:
     """The lines shown for a match, as their definition reads (bm25.LineMatcher's docstring):
     each line split into words, a word standing for a content word of the query when its stem
     starts with the query word's stem or is a prefix of it of 4 letters or more (bm25._same),
-    or holding a symbol of the query. The matcher finds the same without splitting every line."""
+    or holding a symbol of the query (an operator as a whole run of signs: '::' is not in
+    ':::'). The matcher finds the same without splitting every line."""
     stems = {bm25._stem(w) for w in content_terms(query) if not w.startswith('"')}
     signs = set(symbols(query))
 
@@ -369,7 +371,8 @@ def _lines_read_line_by_line(text: str, query: str) -> list[int]:
     def holding(lines):
         return [i + 1 for i, line in enumerate(lines)
                 if any(stands(w) for w in bm25.TOKEN.findall(line))
-                or any(ch in line for ch in signs)]
+                or any(ch in line for ch in signs if len(ch) == 1)
+                or any(op in operators(line) for op in signs if len(op) > 1)]
 
     # ... outside links' targets (a Markdown link's "(url)", a bare URL) when any line does
     outside = [re.sub(r"\]\([^)]*\)", "]", line) for line in text.split("\n")]
@@ -383,7 +386,8 @@ def test_the_lines_shown_are_those_that_hold_a_query_word(indexed):
     line by line. (It looks only where a word starts with one of the query's stems.)"""
     questions = [json.loads(ln)["question"] for ln in open(
         SHARED / "eval" / "obsidian-tasks" / "obsidian-tasks-questions.jsonl")]
-    queries = questions + QUERIES + ["CSS snippets", "due ⏫ tasks", "📅 scheduled",
+    queries = questions + QUERIES + ["CSS snippets", "due ⏫ tasks", "📅 scheduled", "a -> b",
+                                     "x == y && z", "key:: value",
                                      "filter_by_function", "is:recurring", "URL api API",
                                      "day days daily", "ÉTÉ été"]
     texts = [t for (t,) in indexed.execute("SELECT body FROM chunks ORDER BY id")][::4]

@@ -440,6 +440,12 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
     (root / "keys.md").write_text("# Keys\n\nAlt → moves right; a limit x ≤ 3.\n")
     (root / "launch.md").write_text('---\naliases: ["🌋 eruption log"]\n---\n'
                                     "# Release 🚀 checklist\n\nCheck the fuel.\n")
+    # ASCII operators (loader.PARSER 5): ':=' and '->' are found; a comment's '-->', a rule's
+    # '---' are not '->'
+    (root / "walrus.md").write_text("# Assignment expressions\n\nBind a name in a test:\n\n"
+                                    "    if (n := len(items)) > 10:\n\n"
+                                    "A typed one: def area(r: float) -> float.\n")
+    (root / "comment.md").write_text("# Comment\n\n<!-- hidden -->\n\n---\n\nPlain text.\n")
     d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
                     extra=engine_config(extra=f'[search]\nbm25_index = "{index}"\n'))
     served = index  # (the reply names the index that answered)
@@ -467,6 +473,12 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
                 assert found(res)[0] == "keys.md" and (mode == "hybrid" or found(res) == [
                     "keys.md"]), (sign, mode, res)
                 assert res["results"][0]["match_lines"] == [3], res
+        for sign, line in ((":=", 5), ("->", 7)):
+            for mode in ("hybrid", "bm25"):
+                res = d.call("search", query=sign, mode=mode)
+                assert found(res)[0] == "walrus.md" and (mode == "hybrid" or found(res) == [
+                    "walrus.md"]), (sign, mode, res)
+                assert res["results"][0]["match_lines"] == [line], res
         for sign in ("🚀", "🌋"):  # in a title, in an alias
             assert found(d.call("search", query=sign, mode="bm25")) == ["launch.md"], sign
         res = d.call("search", query="⚓", mode="bm25")
@@ -485,20 +497,21 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
     with d:
         d.wait_idle()
         assert found(d.call("search", query="⛔", mode="bm25", wait=10)) == ["errands.md"]
-    # an index read by an older parser (3: arrows and signs were no words) reads every file
-    # again at the next start (loader.PARSER): FTS5 then finds them too
+    # an index read by an older parser (4: ASCII operators were no words; 3: arrows and signs)
+    # reads every file again at the next start (loader.PARSER): FTS5 then finds them too
     db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
     with db:
-        db.execute("UPDATE chunks SET keywords = '' WHERE file_id = "
-                   "(SELECT id FROM files WHERE relpath = 'keys.md')")
+        db.execute("UPDATE chunks SET keywords = '' WHERE file_id IN "
+                   "(SELECT id FROM files WHERE relpath IN ('keys.md', 'walrus.md'))")
         reading = json.loads(db.execute("SELECT value FROM meta WHERE key = 'reading'"
                                         ).fetchone()[0])
-        reading["v"]["parser"] = 3
+        reading["v"]["parser"] = 4
         db.execute("UPDATE meta SET value = ? WHERE key = 'reading'", (json.dumps(reading),))
     db.close()
     with d:
         d.wait_idle()
         assert found(d.call("search", query="≤", mode="bm25", wait=10)) == ["keys.md"]
+        assert found(d.call("search", query=":=", mode="bm25")) == ["walrus.md"]
 
 
 def test_a_shown_line_holds_its_match():
@@ -508,6 +521,7 @@ def test_a_shown_line_holds_its_match():
     terms = _terms("what does ⛔ mean for dependencies")
     assert "⛔" in terms and "dependenci" in terms
     assert "→" in _terms("what does → mean")
+    assert ":=" in _terms("what does := mean") and not {"->", "-->"} & set(_terms("a --> b"))
     line = "a" * 300 + " - [ ] Post the parcel ⛔ abc123 " + "b" * 300
     shown = _excerpt(line, terms)
     assert "⛔ abc123" in shown and shown.startswith("…") and shown.endswith("…")

@@ -118,8 +118,8 @@ def indexed_texts(db: sqlite3.Connection, rows) -> list[str]:
     tokens, then its symbols — themselves, not the words FTS5 holds them by at the end of
     the keywords (with_symbols: here they would only lengthen the chunk)."""
     texts = [search_text(r[2], note_keywords(r[2], r[3], r[4]), r[4]) for r in rows]
-    return [" ".join([tokens, *symbols(text)]) if any(ch > "\x7f" for ch in text)
-            else tokens for tokens, text in zip(index_tokens(db, texts), texts)]
+    return [" ".join([tokens, *signs]) if (signs := symbols(text)) else tokens
+            for tokens, text in zip(index_tokens(db, texts), texts)]
 
 
 def _schema():

@@ -13,8 +13,9 @@ from ragd.ingest.markdown import Doc
 MARKDOWN = (".md", ".markdown")
 # How files become Docs: another version reads every file again once (runtime._reading), so
 # that what a new parser finds (2: a note's date, a document's title; 3: a number as a
-# document's name; 4: arrows and mathematical signs as words) is in the index.
-PARSER = 4
+# document's name; 4: arrows and mathematical signs as words; 5: ASCII operators too, ':='
+# '->') is in the index.
+PARSER = 5
 SLOW = (".pdf",)  # read through a helper program, which may take seconds: off the main lane
 
 

@@ -11,6 +11,7 @@ import re
 import sqlite3
 from dataclasses import dataclass
 
+from ragd.protocol import OPERATOR_RUN
 from ragd.search.filters import Filters
 from ragd.text import (COMMON_SHARE, NOTE_WEIGHTS, PHRASE, WEIGHTS, content_terms, doc_freqs,
                        fts_parts, names, prune_common, symbol_parts, symbols)
@@ -124,6 +125,7 @@ class LineMatcher:
         phrases = [[_stem(w) for w in TOKEN.findall(p)] for p in PHRASE.findall(query)]
         self.phrases = [p for p in phrases if p]
         self.signs = set(symbols(query))
+        self._operators = {sign for sign in self.signs if len(sign) > 1}
         self._word: dict[str, bool] = {}  # a text word -> it stands for a content word
         # _same against every stem at once: a stem the word starts with (str.startswith of
         # a tuple), or a word of 4 letters or more that a stem starts with (its prefixes)
@@ -176,10 +178,16 @@ class LineMatcher:
                             out.add(low.count("\n", 0, at))
                     at = low.find(head, at + 1)
         for ch in self.signs:
+            if len(ch) > 1:  # an operator: a whole run of signs ('->' is not in '-->')
+                continue
             at = text.find(ch)
             while at >= 0:
                 out.add(text.count("\n", 0, at))
                 at = text.find(ch, at + len(ch))
+        if self._operators:
+            for m in OPERATOR_RUN.finditer(text):
+                if m.group() in self._operators:
+                    out.add(text.count("\n", 0, m.start()))
         return [line_start + i for i in sorted(out)]
 
 

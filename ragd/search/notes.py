@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from ragd.index import store
 from ragd.search import bm25
 from ragd.search.fusion import minmax
-from ragd.text import (chunk_rows, content_terms, doc_freq, note_terms, symbol_words, symbols,
+from ragd.text import (chunk_rows, content_terms, doc_freq, note_terms, sign_word, symbols,
                        word_tokens)
 
 LENGTH_DAMPING = 0.03
@@ -117,8 +117,8 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
     signs = list(dict.fromkeys(symbols(query)))
     stems = ([t.split() for t in word_tokens(db, words)] + [[s] for s in signs]
              if searcher is not None else None)
-    # a symbol: itself to tantivy, the word FTS5 holds it by to FTS5 (symbol_words)
-    words += signs if searcher is not None else [symbol_words(s) for s in signs]
+    # a symbol: itself to tantivy, the word FTS5 holds it by to FTS5 (sign_word)
+    words += signs if searcher is not None else [sign_word(s) for s in signs]
     if not words or not notes:
         return None if not words else 0.0
     rows = chunk_rows(db)
