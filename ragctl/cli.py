@@ -12,6 +12,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import select
 import sys
 
@@ -43,6 +44,9 @@ def _version() -> str:
         return version("ragd")
     except PackageNotFoundError:
         return "unknown"
+
+
+_OPTION = re.compile(r"--?[A-Za-z]")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,6 +82,15 @@ class _Parser(argparse.ArgumentParser):
             where.error(f"unrecognized arguments: {' '.join(extra)}"
                         + (f"; did you mean `{near}`?" if near else ""))
         return args
+
+    def _parse_optional(self, arg_string):
+        # A word that starts with a sign, not a letter, is a query's, not an option: `ragctl
+        # search "->"` said "the following arguments are required: query" ("->" taken for an
+        # unknown option). Options all start with a letter after their dashes.
+        if len(arg_string) > 1 and arg_string[0] == "-" and arg_string != "--" \
+                and not _OPTION.match(arg_string):
+            return None
+        return super()._parse_optional(arg_string)
 
     def _check_value(self, action, value):
         # A typo'd command or choice gets the nearest one named (argparse's own suggestion

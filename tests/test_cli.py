@@ -132,3 +132,24 @@ def test_a_passage_without_a_matching_line_is_shown_by_lines_that_say_something(
         shown = [ln.strip() for ln in r.stdout.splitlines()[2:]]
         assert shown == ["8: Grab a membership and hold onto your hats.",
                          "10: Every edition is written by hand."], r.stdout
+
+
+def test_a_query_that_starts_with_a_sign_is_a_query_not_an_option(make_daemon, tmp_path):
+    """`ragctl search "->"` answered "the following arguments are required: query": argparse
+    took the operator for an unknown option. A word that starts with a dash and a sign, not a
+    letter, is the query's; an option with its dashes and letter is still an option."""
+    vault = tmp_path / "notes"
+    vault.mkdir()
+    (vault / "Types.md").write_text("# Types\n\nA typed function: def area(r: float) -> float.\n"
+                                    "\n<!-- a comment -->\n")
+    (vault / "Other.md").write_text("# Other\n\nNothing typed here, a --> b in a comment.\n")
+    d = make_daemon(sources=[{"name": "notes", "path": str(vault), "kind": "folder"}])
+    with d:
+        d.wait_idle()
+        r = ragctl("--config", d.config, "search", "->", "--mode", "bm25", "-l")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [f"{vault / 'Types.md'}:3"], r.stdout
+        r = ragctl("--config", d.config, "search", "-l", "what", "does", "->", "mean")
+        assert r.returncode == 0 and f"{vault / 'Types.md'}:3" in r.stdout, r.stdout + r.stderr
+        r = ragctl("--config", d.config, "search", "->", "-q")  # a letter: an option, unknown
+        assert r.returncode == 2 and "unrecognized arguments: -q" in r.stderr, r.stderr
