@@ -576,7 +576,8 @@ def chunk_neighbours(db: sqlite3.Connection, chunk_id: int, n: int = 3
     after = db.execute("SELECT id, line_start, line_end, text FROM chunks WHERE file_id = ? AND "
                        "ordinal > ? ORDER BY ordinal LIMIT ?", (fid, ordinal, n)).fetchall()
     before = db.execute("SELECT id, line_start, line_end, text FROM chunks WHERE file_id = ? "
-                        "AND ordinal < ? ORDER BY ordinal DESC LIMIT ?", (fid, ordinal, n)).fetchall()
+                        "AND ordinal < ? ORDER BY ordinal DESC LIMIT ?",
+                        (fid, ordinal, n)).fetchall()
     return after, before
 
 

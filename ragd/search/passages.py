@@ -33,9 +33,9 @@ def says_little(text: str) -> bool:
 def choose(db: sqlite3.Connection, top: list, query: str) -> None:
     """Each note (notes.Note) shown by a passage that says something: when its best chunk is
     shorter than MIN_PASSAGE, another of its matching chunks stands for the note (its score is
-    the note's still) if it is not short nor boilerplate, scored nearly as well (SECOND_SHARE) and carries the
-    match as well: it holds a word of the query when the short one does. Else the short one
-    stays, and `widen` shows the section around it."""
+    the note's still) if it is neither short nor boilerplate, scored nearly as well
+    (SECOND_SHARE) and carries the match as well: it holds a word of the query when the short
+    one does. Else the short one stays, and `widen` shows the section around it."""
     texts = store.chunk_texts(db, [n.best.chunk_id for n in top])
     short = [n for n in top if len(texts.get(n.best.chunk_id, "x" * MIN_PASSAGE)) < MIN_PASSAGE]
     if not short:  # (the usual case: only the notes with a short best chunk read the others)
