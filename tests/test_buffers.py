@@ -164,7 +164,7 @@ def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, 
         (root / name).write_text(body + footer_of(name))
     other = tmp_path / "journal"  # a source beside it, without the footer
     other.mkdir()
-    for i in range(12):
+    for i in range(40):  # (a tenth of them is more than the 3 stubs below)
         (other / f"day{i}.md").write_text(f"# Day {i}\n\nWalked to the harbour and back.\n")
     d = make_daemon(sources=[{"name": "docs", "path": str(root)},
                              {"name": "journal", "path": str(other)}], extra=engine_config())
@@ -183,10 +183,16 @@ def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, 
         # a note of nothing but a title and the footer links by nothing: no note, and why
         # (the Obsidian Hub's stubs were linked to each other by their footers)
         (root / "stub.md").write_text("# Stub\n" + footer_of("stub.md"))
+        # ... nor one of a placeholder line a few other stubs hold too, under the share that
+        # makes a section boilerplate for related (a tenth of the notes; the hub's stubs)
+        for name in ("stub2.md", "stub3.md", "stub4.md"):
+            (other / name).write_text(f"# {name[:-3]}\n\nWrite a description of this note "
+                                      "here, in a sentence or two.\n")
         d.wait_idle(vectors=True)
-        stub = d.call("related", path=str(root / "stub.md"), k=3)
-        assert stub["results"] == [] and "every section of it is text many notes share" in \
-            stub["reason"], stub
+        for stub_path in (root / "stub.md", other / "stub2.md"):
+            stub = d.call("related", path=str(stub_path), k=3)
+            assert stub["results"] == [] and "every section of it is text many notes " \
+                "share" in stub["reason"], stub
 
 
 def test_a_buffer_is_scored_as_a_whole_note_as_its_file_would_be(make_daemon, tmp_path):

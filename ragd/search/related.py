@@ -20,14 +20,15 @@ BOILERPLATE_MIN = 3  # ... in this many) links nothing
 def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
     """The (spans, vectors) of the asked note's sections but those whose text (as read:
     chunker.read_hash) is in BOILERPLATE_SHARE of the notes of its source (of every source for
-    a text) and in BOILERPLATE_MIN notes, and whether every section is such a text (then all
-    are given back, and related answers nothing: a stub of a title and a footer has nothing of
-    its own to link by). A section copied word for word into many notes — a licence footer,
-    a template's fixed lines — is as near to each of them (cosine 0.99) and says nothing of
-    what a note is about: on 121 PEPs, related linked a PEP to others by their identical
-    "Copyright" section before any of its own. Counted within the source: a folder's footer
-    shared by most of its documents is boilerplate there even beside a large vault. Sections
-    a few notes share stay: a tag line, an included snippet."""
+    a text) and in BOILERPLATE_MIN notes, and whether every section is shared (by that many,
+    or by boilerplate.SHARED_MIN notes: then related answers nothing, as a stub of a title, a
+    placeholder line and a footer has nothing of its own to link by). A section copied word
+    for word into many notes — a licence footer, a template's fixed lines — is as near to
+    each of them (cosine 0.99) and says nothing of what a note is about: on 121 PEPs, related
+    linked a PEP to others by their identical "Copyright" section before any of its own.
+    Counted within the source: a folder's footer shared by most of its documents is
+    boilerplate there even beside a large vault. Sections a few notes share stay beside a
+    note's own: a tag line, an included snippet."""
     if not hashes:
         return spans, vecs, False
     source = store.files_source(db, own)
@@ -36,9 +37,12 @@ def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
     floor = max(BOILERPLATE_MIN, BOILERPLATE_SHARE * notes)
     common = {h for h, n in shared.items() if n >= floor}
     keep = [i for i, h in enumerate(hashes) if h not in common]
+    # nothing of its own: what is left is shared too, by fewer notes (a stub's placeholder
+    # line, in a few dozen of the hub's 6,500 notes, linked it to whatever was nearest)
+    own_text = any(shared.get(hashes[i], 1) < boilerplate.SHARED_MIN for i in keep)
     if not keep or len(keep) == len(hashes):
-        return spans, vecs, not keep
-    return [spans[i] for i in keep], vecs[keep], False
+        return spans, vecs, not own_text
+    return [spans[i] for i in keep], vecs[keep], not own_text
 
 
 def nearest_notes(db: sqlite3.Connection, vectors, vecs, k: int, exclude
