@@ -153,3 +153,10 @@ def test_a_query_that_starts_with_a_sign_is_a_query_not_an_option(make_daemon, t
         assert r.returncode == 0 and f"{vault / 'Types.md'}:3" in r.stdout, r.stdout + r.stderr
         r = ragctl("--config", d.config, "search", "->", "-q")  # a letter: an option, unknown
         assert r.returncode == 2 and "unrecognized arguments: -q" in r.stderr, r.stderr
+        # a comment's '-->' is no sign the index holds: the reason says the query has none
+        # (it said no note holds a content word of it; grep finds two)
+        r = ragctl("--config", d.config, "search", "-->", "--mode", "bm25")
+        assert r.returncode == 1 and "the query has no word to look up, only punctuation" \
+            in r.stdout, (r.stdout, r.stderr)
+        res = d.call("search", query="what is the", mode="bm25")
+        assert "only question and filler words" in res["reason"], res

@@ -38,7 +38,7 @@ from ragd.search.filters import Filters
 from ragd.search.fusion import (PARTIAL_FUSION_FROM, Candidate, bm25_order, convex,
                                 effective_share, lift, partial_rrf, unit, vector_weight)
 from ragd.search.ranking import Ranking, Trusted
-from ragd.text import (COMMON_SHARE, HYBRID_COMMON_SHARE, chunk_rows, content_terms,
+from ragd.text import (COMMON_SHARE, HYBRID_COMMON_SHARE, WORD, chunk_rows, content_terms,
                        symbols)
 
 MODES = ("hybrid", "vector", "bm25")
@@ -394,7 +394,7 @@ class Searcher:
                 # a chunk holding every word of the query is a literal match, relevant
                 # whatever the cosine (rare names and identifiers embed poorly)
                 if not bm25.all_terms_match(q.db, q.text, filters):
-                    return self._nothing(r, filters.narrowed, "vector")
+                    return self._nothing(r, filters.narrowed, "vector", q.text)
                 r.below_threshold = True
             return True
         keywords = bool(lists.get("bm25")) and (
@@ -403,24 +403,24 @@ class Searcher:
         if not keywords and "vector" in lists and not weak_vectors and thr > 0:
             r.meaning_bar = round(thr + MEANING_MARGIN, 4)
             if best < r.meaning_bar:
-                return self._nothing(r, filters.narrowed, "meaning")
+                return self._nothing(r, filters.narrowed, "meaning", q.text)
             if r.mode == "hybrid" and len(content_terms(q.text)) == 1:
                 # One word no note holds is looked up, as grep would: the real words no note
                 # holds rarely clear the bar (docs/quality.md), and what does is mostly a
                 # made-up word whose word pieces match ("qwertyzap": Q Learning, qwik).
                 # Meaning alone answers a question, or --mode vector.
-                return self._nothing(r, filters.narrowed, "word")
+                return self._nothing(r, filters.narrowed, "word", q.text)
         if weak_vectors:
             del lists["vector"]
             if not keywords:
-                return self._nothing(r, filters.narrowed, "hybrid")
+                return self._nothing(r, filters.narrowed, "hybrid", q.text)
             # While vectors are still coming, no close match among the chunks embedded so far
             # is no finding (a source just added has none: best similarity -1): not flagged,
             # so it does not make the answer low-confidence
             if r.coverage >= 1.0:
                 r.below_threshold = True
         elif r.mode == "bm25" and not keywords:
-            return self._nothing(r, filters.narrowed, "bm25")
+            return self._nothing(r, filters.narrowed, "bm25", q.text)
         elif (r.mode == "hybrid" and "vector" in lists and thr > 0 and r.coverage >= 1.0
               and best < thr + WEAK_MEANING):
             r.weak_meaning = True  # (while vectors are coming the best one may not be in yet)
@@ -501,16 +501,22 @@ class Searcher:
         if weak:
             r.cut_below_threshold = len(weak)
 
-    def _nothing(self, r: Ranking, filtered: bool, why: str) -> bool:
+    def _nothing(self, r: Ranking, filtered: bool, why: str, query: str = "") -> bool:
         """Say why nothing is relevant, with the evidence of the ranking that looked: `why`
         "bm25" (no chunk holds a content word), "vector" (no chunk is close enough in
         meaning), "hybrid" (neither), "meaning" (no chunk holds a word, and meaning alone is
         below meaning_bar), "word" (a query of one word that no chunk holds). `filtered`: the
         search was narrowed by filters, and the reason says so (a note left out by --since may
-        hold the word)."""
+        hold the word). A query with no content word or sign to look up says that instead: a
+        search for '-->' was told no note holds one, where grep finds it in every comment."""
         r.nothing_relevant = True
         none = "no note the filters let through" if filtered else "no note"
         words = f"{none} holds a content word of the query"
+        if query and not content_terms(query) and not symbols(query):
+            words = ("the query has no word to look up, only " + (
+                "question and filler words" if WORD.search(query) else
+                "punctuation (signs are searched as words when they are emoji, arrows, "
+                "mathematical signs or operators such as := -> !=)"))
         partial = (f" (vectors cover {100 * r.coverage:.0f}% of the chunks so far: a note not "
                    f"embedded yet is not compared)" if r.coverage < 1.0 else "")
         if r.best_similarity is not None and r.best_similarity < 0:
