@@ -77,7 +77,7 @@ def test_related_from_the_shell_in_searchs_output_forms(make_daemon, tmp_path):
         assert all(x["score"] >= thr for x in res["results"]), (thr, res["results"])
         r = ragctl(*cfg, "related", "--text", "a sourdough bread recipe with a long rise", "-l")
         assert r.returncode == 1 and r.stdout == "", r.stdout
-        assert "no other note is close in meaning (the best similarity" in r.stderr, r.stderr
+        assert "no other note is close in meaning: the best similarity" in r.stderr, r.stderr
         r = ragctl(*cfg, "related")
         assert r.returncode == 2 and "give a note's PATH or --text" in r.stderr
         r = ragctl(*cfg, "related", note, "--text", "x")

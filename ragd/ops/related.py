@@ -62,9 +62,9 @@ class RelatedOps:
                        "no vectors for this note yet" if path is not None else
                        "the text has nothing to embed" if text is not None and not text.strip()
                        else "the text could not be embedded: the embedding engine is not ready")
-                if coverage < 1.0:
-                    why += (f" (vectors cover {100 * coverage:.0f}% of the index so far; "
-                            f"they are being embedded)")
+                if coverage < 1.0:  # (said without parentheses: ragctl puts the reason in some)
+                    why += (f": vectors cover {100 * coverage:.0f}% of the index so far, and "
+                            f"the rest are being embedded")
                 return {"results": [], "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
                         "reason": why, **partial}
             if shared_only:  # (a stub: its title and the hub's footer; a template not filled)
@@ -110,7 +110,7 @@ class RelatedOps:
         if not rows:
             out["reason"] = "no other note has vectors yet" if len(space.vectors) <= len(vecs) \
                 else "no other note is close in meaning" + (
-                    f" (the best similarity {weak:.3f} is below the threshold {thr:.3f})"
+                    f": the best similarity {weak:.3f} is below the threshold {thr:.3f}"
                     if weak is not None else "")
         elif coverage < 1.0:
             out["note"] = (f"vectors cover {100 * coverage:.0f}% of the index so far: notes not "
