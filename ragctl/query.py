@@ -11,7 +11,7 @@ from pathlib import Path
 from ragd import protocol as P
 from ragctl.client import Fail, call, connect, emit
 from ragctl.paths import split_range
-from ragctl.render import (_Progress, _bold, _count, _excerpt, _explain, _jump, _lines,
+from ragctl.render import (_Progress, _bold, _count, _excerpt, _explain, _head, _jump, _lines,
                            _mark, _one_line, _pattern, _terms)
 
 
@@ -89,7 +89,7 @@ def do_search(args) -> int:
             lines = r["text"].split("\n")
             at = r.get("match_lines") or []
             title = _one_line(r.get("title") or Path(r["path"]).stem)  # (a newline in a name)
-            head = _one_line(r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else "")
+            head = _head(r["heading"], title)
             more = f"  (+{r['more']} more in this note)" if r.get("more") else ""
             stale = "" if not r.get("stale") else "  (changed since indexed)" \
                 if os.path.exists(r["path"]) else "  (gone from disk since indexed)"
@@ -168,7 +168,7 @@ def do_related(args) -> int:
             return
         for i, r in enumerate(res["results"], 1):
             title = _one_line(r.get("title") or Path(r["path"]).stem)
-            head = _one_line(r["heading"].split(" > ", 1)[1] if " > " in r["heading"] else "")
+            head = _head(r["heading"], title)
             frm = r.get("link", {}).get("from") or {}
             near = (f"  (close to {_lines(frm['line_start'], frm['line_end'])} of {what})"
                     if frm else "")

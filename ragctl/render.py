@@ -145,6 +145,20 @@ def _lines(start: int, end: int) -> str:
     return f"line {start}" if start == end else f"lines {start}-{end}"
 
 
+def _head(heading: str, title: str) -> str:
+    """What a result shows after its title: its heading path past the note's title, and past
+    a first heading that only says the title again ("2021-08-14: Highlights" under the note
+    "2021-08-14 Highlights" was shown as both)."""
+    parts = heading.split(" > ")[1:]
+    if parts and _loose(parts[0]) == _loose(title):
+        parts = parts[1:]
+    return _one_line(" > ".join(parts))
+
+
+def _loose(text: str) -> list[str]:
+    return re.findall(r"\w+", text.casefold())
+
+
 def _one_line(text: str) -> str:
     """A name or reason on one terminal line: control characters (a newline in a file name)
     and invisible format ones shown escaped. Spaces of every kind stay as they are (a no-break

@@ -160,3 +160,15 @@ def test_a_query_that_starts_with_a_sign_is_a_query_not_an_option(make_daemon, t
             in r.stdout, (r.stdout, r.stderr)
         res = d.call("search", query="what is the", mode="bm25")
         assert "only question and filler words" in res["reason"], res
+
+
+def test_a_heading_that_says_the_title_again_is_shown_once():
+    """A note "2021-08-14 Highlights Syncing" whose first heading is "2021-08-14: Highlights
+    Syncing" was shown as "2021-08-14 Highlights Syncing — 2021-08-14: Highlights Syncing" (a
+    fresh-user walk on the Obsidian Hub): the heading after the title is shown past it."""
+    from ragctl.render import _head
+    title = "2021-08-14 Highlights Syncing"
+    assert _head(f"{title} > 2021-08-14: Highlights Syncing", title) == ""
+    assert _head(f"{title} > 2021-08-14: highlights syncing > Setup", title) == "Setup"
+    assert _head("Tasks > Filters > Due", "Tasks") == "Filters > Due"  # (others as before)
+    assert _head("Tasks", "Tasks") == ""
