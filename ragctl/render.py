@@ -88,7 +88,7 @@ def _terms(query: str) -> list[str]:
     """The query's words to mark in results, cut to a stem-ish prefix (FTS5 stems with
     porter: 'repeating' matched 'repeat'), and its signs (emoji, ':=': words to the index too)."""
     out = []
-    for w in re.findall(r"\w+", query.lower()):
+    for w in re.findall(r"\w+", P.fold(query.lower())):
         if w in _STOP or len(w) < 2:
             continue
         for suffix in ("ing", "ed", "es", "s"):
@@ -109,9 +109,15 @@ def _pattern(terms: list[str]) -> re.Pattern:
 
 
 def _mark(text: str, terms: list[str], color: bool) -> str:
+    """The matches of the terms in the text marked: found in the text as the index compares
+    words (P.fold: 'cafe' marks 'café'), marked in the text as it is."""
     if not terms or not color:
         return text
-    return _pattern(terms).sub(lambda m: f"\033[1;31m{m.group(0)}\033[0m", text)
+    out, at = [], 0
+    for m in _pattern(terms).finditer(P.fold(text)):
+        out += [text[at:m.start()], f"\033[1;31m{text[m.start():m.end()]}\033[0m"]
+        at = m.end()
+    return "".join(out) + text[at:]
 
 
 def _excerpt(line: str, terms: list[str], width: int = 160) -> str:
@@ -119,7 +125,7 @@ def _excerpt(line: str, terms: list[str], width: int = 160) -> str:
     are shown with "…"."""
     if len(line) <= width:
         return line
-    m = _pattern(terms).search(line) if terms else None
+    m = _pattern(terms).search(P.fold(line)) if terms else None
     start = max(0, min((m.start() if m else 0) - width // 3, len(line) - width))
     cut = line[start:start + width]
     return ("…" if start else "") + cut + ("…" if start + width < len(line) else "")

@@ -26,6 +26,7 @@ import socket
 import struct
 import time
 import tomllib
+import unicodedata
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -53,6 +54,24 @@ OPERATORS = frozenset((":=", "->", "=>", "<-", "<=", ">=", "==", "!=", "===", "!
 def operators(text: str) -> list[str]:
     """The OPERATORS of a text, in order."""
     return [m for m in OPERATOR_RUN.findall(text) if m in OPERATORS]
+
+
+_FOLDED: dict[int, str] = {}  # code point -> what fold makes of it (for str.translate)
+
+
+def fold(text: str) -> str:
+    """The text as the index compares words: each letter with a diacritic as its base letter
+    (FTS5's remove_diacritics: 'café' matches 'cafe'), one character for one, so that a
+    position in the folded text is the same position in the text (where to mark a match).
+    A sign stays itself ('≠' is no '=')."""
+    if text.isascii():
+        return text
+    for ch in set(text):  # (each character's fold once, then translate's own loop, in C)
+        if ord(ch) > 127 and ord(ch) not in _FOLDED:
+            base = "".join(c for c in unicodedata.normalize("NFD", ch)
+                           if not unicodedata.combining(c)) if ch.isalpha() else ch
+            _FOLDED[ord(ch)] = base if len(base) == 1 else ch
+    return text.translate(_FOLDED)
 
 # Error codes. Documented in docs/protocol.md: add one there when you add one here.
 BAD_FRAME = "bad_frame"  # undecodable framing or payload (not msgpack / not JSON)

@@ -22,7 +22,7 @@ from rank_bm25 import BM25Okapi
 
 from conftest import SHARED, copy_vault
 from ragd import config
-from ragd.protocol import operators
+from ragd.protocol import fold, operators
 from ragd.index import store
 from ragd.index.indexer import Indexer
 from ragd.search import bm25
@@ -357,15 +357,16 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
 
 def _lines_read_line_by_line(text: str, query: str) -> list[int]:
     """The lines shown for a match, as their definition reads (bm25.LineMatcher's docstring):
-    each line split into words, a word standing for a content word of the query when its stem
+    each line split into words (diacritics folded, as the index folds them: protocol.fold),
+    a word standing for a content word of the query when its stem
     starts with the query word's stem or is a prefix of it of 4 letters or more (bm25._same),
     or holding a symbol of the query (an operator as a whole run of signs: '::' is not in
     ':::'). The matcher finds the same without splitting every line."""
-    stems = {bm25._stem(w) for w in content_terms(query) if not w.startswith('"')}
+    stems = {bm25._stem(fold(w)) for w in content_terms(query) if not w.startswith('"')}
     signs = set(symbols(query))
 
     def stands(word: str) -> bool:
-        stem = bm25._stem(word)
+        stem = bm25._stem(fold(word))
         return any(bm25._same(stem, s) for s in stems)
 
     def holding(lines):
@@ -389,7 +390,8 @@ def test_the_lines_shown_are_those_that_hold_a_query_word(indexed):
     queries = questions + QUERIES + ["CSS snippets", "due ⏫ tasks", "📅 scheduled", "a -> b",
                                      "x == y && z", "key:: value",
                                      "filter_by_function", "is:recurring", "URL api API",
-                                     "day days daily", "ÉTÉ été"]
+                                     "day days daily", "ÉTÉ été", "resume cafe naive",
+                                     "résumé café"]
     texts = [t for (t,) in indexed.execute("SELECT body FROM chunks ORDER BY id")][::4]
     assert len(texts) > 300
     shown = 0

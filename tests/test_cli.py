@@ -172,3 +172,18 @@ def test_a_heading_that_says_the_title_again_is_shown_once():
     assert _head(f"{title} > 2021-08-14: highlights syncing > Setup", title) == "Setup"
     assert _head("Tasks > Filters > Due", "Tasks") == "Filters > Due"  # (others as before)
     assert _head("Tasks", "Tasks") == ""
+
+
+def test_a_word_with_diacritics_is_marked_as_the_index_matched_it():
+    """The index folds diacritics ('cafe' finds 'café', FTS5's remove_diacritics): the lines
+    shown and the words marked are those it matched. A line holding 'café' was not shown for
+    'cafe' (the first lines of the passage were), nor marked."""
+    from ragctl.render import _mark, _terms
+    from ragd.search.bm25 import matching_lines
+    text = "Le menu du jour\nUn café noir et un résumé\nrien d'autre"
+    assert matching_lines(text, 1, "cafe") == [2]
+    assert matching_lines(text, 1, "resume") == [2]
+    assert matching_lines("a cafe here\nno", 1, "café") == [1]
+    assert _mark(text, _terms("cafe ≠"), True).count("\033[1;31m") == 1
+    assert "\033[1;31mcafé\033[0m" in _mark(text, _terms("cafe"), True)
+    assert "\033[1;31m≠\033[0m" in _mark("x ≠ y", _terms("≠"), True)  # a sign stays itself

@@ -11,7 +11,7 @@ import re
 import sqlite3
 from dataclasses import dataclass
 
-from ragd.protocol import OPERATOR_RUN
+from ragd.protocol import OPERATOR_RUN, fold
 from ragd.search.filters import Filters
 from ragd.text import (COMMON_SHARE, NOTE_WEIGHTS, PHRASE, WEIGHTS, content_terms, doc_freqs,
                        fts_parts, names, prune_common, symbol_parts, symbols)
@@ -121,8 +121,9 @@ class LineMatcher:
     compared once, however many lines and results hold it."""
 
     def __init__(self, query: str):
-        self.stems = {_stem(w) for w in content_terms(query) if not w.startswith('"')}
-        phrases = [[_stem(w) for w in TOKEN.findall(p)] for p in PHRASE.findall(query)]
+        # words compared as the index compares them: diacritics folded ('cafe' is 'café')
+        self.stems = {_stem(fold(w)) for w in content_terms(query) if not w.startswith('"')}
+        phrases = [[_stem(fold(w)) for w in TOKEN.findall(p)] for p in PHRASE.findall(query)]
         self.phrases = [p for p in phrases if p]
         self.signs = set(symbols(query))
         self._operators = {sign for sign in self.signs if len(sign) > 1}
@@ -160,7 +161,8 @@ class LineMatcher:
         out: set[int] = set()
         if self.phrases:
             lines = text.split("\n")
-            words = [(i, _stem(w)) for i, line in enumerate(lines) for w in TOKEN.findall(line)]
+            words = [(i, _stem(fold(w))) for i, line in enumerate(lines)
+                     for w in TOKEN.findall(line)]
             for p in self.phrases:
                 for at in range(len(words) - len(p) + 1):
                     if all(_same(words[at + j][1], s) for j, s in enumerate(p)):
@@ -168,7 +170,7 @@ class LineMatcher:
         if self._heads:
             # each place a head stands at the start of a word (lowercased, as stems are): the
             # word there as TOKEN finds it, and its line if it matches
-            low = text.lower()
+            low = fold(text.lower())
             for head in self._heads:
                 at = low.find(head)
                 while at >= 0:
