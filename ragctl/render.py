@@ -96,8 +96,7 @@ def _terms(query: str) -> list[str]:
                 w = w[: -len(suffix)]
                 break
         out.append(w)
-    out += [ch for ch in query if ch > "\x7f" and unicodedata.category(ch) in P.SYMBOL_CATEGORIES]
-    out += P.operators(query)
+    out += P.signs(query)
     return sorted(set(out), key=len, reverse=True)
 
 

@@ -56,6 +56,14 @@ def operators(text: str) -> list[str]:
     return [m for m in OPERATOR_RUN.findall(text) if m in OPERATORS]
 
 
+def signs(text: str) -> list[str]:
+    """The signs of a text the index holds as words, in order: its symbol characters (of
+    SYMBOL_CATEGORIES), then its OPERATORS. (Here, for ragctl marks them as ragd finds them.)"""
+    chars = [] if text.isascii() else [
+        ch for ch in text if ch > "\x7f" and unicodedata.category(ch) in SYMBOL_CATEGORIES]
+    return chars + operators(text)
+
+
 _FOLDED: dict[int, str] = {}  # code point -> what fold makes of it (for str.translate)
 
 

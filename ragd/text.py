@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import unicodedata
 
-from ragd.protocol import SYMBOL_CATEGORIES, operators
+from ragd.protocol import signs
 
 
 def symbols(text: str) -> list[str]:
@@ -21,9 +20,7 @@ def symbols(text: str) -> list[str]:
     them all, so a search for one found nothing where grep finds it: the tantivy index keeps
     each as a token of its own (index/textindex.py), and FTS5 sees each as a word
     (symbol_words) in the keywords of the chunk holding it."""
-    chars = [] if text.isascii() else [
-        ch for ch in text if ch > "\x7f" and unicodedata.category(ch) in SYMBOL_CATEGORIES]
-    return chars + operators(text)
+    return signs(text)
 
 
 def sign_word(sign: str) -> str:
