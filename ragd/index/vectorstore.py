@@ -457,7 +457,7 @@ class VectorStore:
             stale = bool(len(cur_ids))
         todo: OrderedDict[str, None] = OrderedDict()
         rest: OrderedDict[str, None] = OrderedDict()
-        tail: set[int] = set()
+        heads = 0  # idx's first `heads` are notes' first texts, the rest long notes' others
         idx = np.flatnonzero(need)
         if len(idx):  # queued most recently modified note first, as the indexer takes them,
             # and a long note's texts past its first HEAD_TEXTS after every note's first ones
@@ -465,9 +465,9 @@ class VectorStore:
             recent = np.fromiter((mtimes.get(int(f), 0) for f in cur_files[idx]),
                                  dtype=np.int64, count=len(idx))
             idx = idx[np.argsort(-recent, kind="stable")]
-            tail = past_head_mask(cur_files, idx)
+            tail = np.array(past_head(cur_files[idx].tolist()), dtype=bool)
             idx = np.concatenate([idx[~tail], idx[tail]])
-            tail = set(idx[len(idx) - int(tail.sum()):].tolist())
+            heads = len(idx) - int(tail.sum())
         for i in range(0, len(idx), 20000):
             part = idx[i:i + 20000]
             hashes = [h.decode().rstrip() for h in cur_hashes[part].tolist()]
@@ -478,9 +478,9 @@ class VectorStore:
                 self._add(space, cur_ids[rows].tolist(),
                           self._stack(space, [cached[h] for _, h in have]),
                           cur_files[rows].tolist())
-            for k, h in zip(part.tolist(), hashes):
+            for at, h in enumerate(hashes, i):
                 if h not in cached and h not in skip and h not in todo:
-                    if k in tail:
+                    if at >= heads:
                         rest[h] = None
                     else:
                         todo[h] = None
@@ -708,22 +708,20 @@ class VectorStore:
 def past_heads(added) -> set[str]:
     """Of a commit's added chunks ((chunk id, text hash, file id), a file's in id order: as
     written), the texts found only past their note's first space.HEAD_TEXTS."""
-    seen: dict[int, int] = {}
-    head, tail = set(), set()
-    for _, h, fid in sorted(added, key=lambda a: (a[2], a[0])):
-        seen[fid] = n = seen.get(fid, 0) + 1
-        (tail if n > HEAD_TEXTS else head).add(h)
-    return tail - head
+    added = sorted(added, key=lambda a: (a[2], a[0]))
+    past = past_head([fid for _, _, fid in added])
+    head = {h for (_, h, _), p in zip(added, past) if not p}
+    return {h for (_, h, _), p in zip(added, past) if p} - head
 
 
-def past_head_mask(files: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """For each of idx (positions in `files`, in the order they are queued), whether its
-    file came HEAD_TEXTS times before it."""
+def past_head(files) -> list[bool]:
+    """For each of a sequence of file ids (its chunks, in the order they are queued), whether
+    its file came HEAD_TEXTS times before it."""
     seen: dict[int, int] = {}
-    out = np.zeros(len(idx), dtype=bool)
-    for i, f in enumerate(files[idx].tolist()):
+    out = []
+    for f in files:
         seen[f] = n = seen.get(f, 0) + 1
-        out[i] = n > HEAD_TEXTS
+        out.append(n > HEAD_TEXTS)
     return out
 
 
