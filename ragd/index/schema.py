@@ -367,8 +367,8 @@ def m012_text_hash_as_read(db: sqlite3.Connection) -> None:
     embedded or read again.
 
     chunks_fts's update trigger fires from now on only when a column it indexes changes: it
-    deleted and wrote again the words of every chunk updated, whatever the column, and so
-    made this migration take 86 s at a million chunks, the daemon silent meanwhile."""
+    deleted and wrote again the words of every chunk updated, whatever the column, so this
+    migration would have written the whole of chunks_fts again before the daemon answers."""
     from ragd.ingest.chunker import read_hash
     t0 = time.monotonic()
     run_script(db, """

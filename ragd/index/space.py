@@ -14,9 +14,9 @@ from ragd.index.ann import AnnIndex
 from ragd.index.vectors import VectorIndex
 
 # A note's first texts queued in its turn; those past them wait until every note's first ones
-# are in (Space.rest). Most recently modified first, a 5 MB note last touched (a log, an
-# export: 4,700 chunks) held the queue for minutes before any other note had a vector; now
-# it is found by its opening meanwhile, and by the rest of it once every note has its own.
+# are in (Space.rest). Most recently modified first, a long note last touched (a log, an
+# export) would hold the queue before any other note had a vector; this way it is found by
+# its opening meanwhile, and by the rest of it once every note has its own.
 HEAD_TEXTS = 16
 
 

@@ -2,8 +2,9 @@
 fixed section ("Output Goal: write what the output goal for this adoption is…"), a tag line,
 a licence footer, a footer linking each note's own page (one text as read: its addresses
 aside, chunker.read_hash) — says nothing of what any one of them is about, yet it matches
-every query its words match, once per copy. Search and related notes weigh such a chunk down the more
-notes share it, so the note that answers is not buried under copies of a template.
+every query its words match, once per copy. Search and related notes weigh such a chunk
+down the more notes share it, so the note that answers is not buried under copies of a
+template.
 
 A text in two notes may be a note and its copy (both real); from SHARED_MIN notes on it is
 taken for boilerplate.

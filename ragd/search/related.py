@@ -37,8 +37,8 @@ def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
     floor = max(BOILERPLATE_MIN, BOILERPLATE_SHARE * notes)
     common = {h for h, n in shared.items() if n >= floor}
     keep = [i for i, h in enumerate(hashes) if h not in common]
-    # nothing of its own: what is left is shared too, by fewer notes (a stub's placeholder
-    # line, in a few dozen of the hub's 6,500 notes, linked it to whatever was nearest)
+    # nothing of its own: what is left is shared too, by fewer notes (a placeholder line a
+    # few stubs hold, under a tenth of the source, links a stub to whatever is nearest)
     own_text = any(shared.get(hashes[i], 1) < boilerplate.SHARED_MIN for i in keep)
     if not keep or len(keep) == len(hashes):
         return spans, vecs, not own_text
