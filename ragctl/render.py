@@ -101,9 +101,10 @@ def _terms(query: str) -> list[str]:
 
 
 def _pattern(terms: list[str]) -> re.Pattern:
-    """Where terms match: a word at a word's start (and the rest of that word), a symbol
-    anywhere."""
-    return re.compile("|".join(rf"\b{re.escape(t)}\w*" if re.match(r"\w", t) else re.escape(t)
+    """Where terms match: a word at a word's start (and the rest of that word), one of two
+    letters only whole (as the daemon's lines: 'go' is not in 'good'), a symbol anywhere."""
+    return re.compile("|".join((rf"\b{re.escape(t)}\b" if len(t) < 3 else
+                                rf"\b{re.escape(t)}\w*") if re.match(r"\w", t) else re.escape(t)
                                for t in terms), re.I)
 
 

@@ -359,7 +359,8 @@ def _lines_read_line_by_line(text: str, query: str) -> list[int]:
     """The lines shown for a match, as their definition reads (bm25.LineMatcher's docstring):
     each line split into words (diacritics folded, as the index folds them: protocol.fold),
     a word standing for a content word of the query when its stem
-    starts with the query word's stem or is a prefix of it of 4 letters or more (bm25._same),
+    starts with the query word's stem or is a prefix of it of 4 letters or more, or is the
+    query word itself when that has under 3 letters (bm25._same),
     or holding a symbol of the query (an operator as a whole run of signs: '::' is not in
     ':::'). The matcher finds the same without splitting every line."""
     stems = {bm25._stem(fold(w)) for w in content_terms(query) if not w.startswith('"')}
@@ -391,7 +392,7 @@ def test_the_lines_shown_are_those_that_hold_a_query_word(indexed):
                                      "x == y && z", "key:: value",
                                      "filter_by_function", "is:recurring", "URL api API",
                                      "day days daily", "ÉTÉ été", "resume cafe naive",
-                                     "résumé café"]
+                                     "résumé café", "ÿ", "x y go"]
     texts = [t for (t,) in indexed.execute("SELECT body FROM chunks ORDER BY id")][::4]
     assert len(texts) > 300
     shown = 0
@@ -404,6 +405,17 @@ def test_the_lines_shown_are_those_that_hold_a_query_word(indexed):
             assert matcher.lines(text, 1) == want, (query, text[:200])
             shown += bool(want)
     assert shown > 300  # (the queries do match: not a comparison of empty lists)
+
+
+def test_a_query_word_of_one_or_two_letters_is_matched_whole():
+    """The index matches a query word as a whole word; the lines shown did so only for words
+    long enough to be cut to a stem. A one-letter query ('ÿ', folded to 'y') marked every line
+    holding a word that starts with y."""
+    m = bm25.LineMatcher("ÿ")
+    assert m.lines("you and me\nfrom x to y\nyes, yearly", 1) == [2]
+    assert bm25.LineMatcher("go").lines("going on\ngood\nwe go", 1) == [3]
+    assert bm25.LineMatcher('"x y"').lines("x yes\nx y", 1) == [2]
+    assert bm25.LineMatcher("yak").lines("yaks\nyes", 1) == [1]  # (3 letters: as before)
 
 
 def test_a_line_whose_match_is_only_in_a_link_target_is_no_jump_line():

@@ -187,3 +187,4 @@ def test_a_word_with_diacritics_is_marked_as_the_index_matched_it():
     assert _mark(text, _terms("cafe ≠"), True).count("\033[1;31m") == 1
     assert "\033[1;31mcafé\033[0m" in _mark(text, _terms("cafe"), True)
     assert "\033[1;31m≠\033[0m" in _mark("x ≠ y", _terms("≠"), True)  # a sign stays itself
+    assert _mark("good, we go", _terms("go"), True) == "good, we \033[1;31mgo\033[0m"

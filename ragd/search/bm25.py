@@ -96,9 +96,16 @@ def _stem(word: str) -> str:
 TOKEN = re.compile(r"[^\W_]+")
 
 
+# A query word this short is not cut by _stem and is matched whole, as the index matches it: as
+# a prefix, 'y' (or 'ÿ') would mark every word starting with y
+SHORT = 3
+
+
 def _same(word: str, stem: str) -> bool:
     """Does a text word (stemmed) stand for a query word's stem, as FTS5's porter stems
     matched them ('reversed' for 'reverse', 'proxies' for 'proxy')?"""
+    if len(stem) < SHORT:
+        return word == stem
     return word.startswith(stem) or (len(word) >= 4 and stem.startswith(word))
 
 
@@ -129,8 +136,10 @@ class LineMatcher:
         self._operators = {sign for sign in self.signs if len(sign) > 1}
         self._word: dict[str, bool] = {}  # a text word -> it stands for a content word
         # _same against every stem at once: a stem the word starts with (str.startswith of
-        # a tuple), or a word of 4 letters or more that a stem starts with (its prefixes)
-        self._starts = tuple(self.stems)
+        # a tuple), or a word of 4 letters or more that a stem starts with (its prefixes); a
+        # short stem only as the word itself
+        self._starts = tuple(s for s in self.stems if len(s) >= SHORT)
+        self._whole = {s for s in self.stems if len(s) < SHORT}
         self._prefixes = {s[:i] for s in self.stems for i in range(4, len(s) + 1)}
         # A word that matches starts with the first 4 letters of a stem (it starts with the
         # stem, or is a prefix of it of 4 letters or more): only those are looked at
@@ -140,7 +149,7 @@ class LineMatcher:
         hit = self._word.get(word)
         if hit is None:
             stem = _stem(word)
-            hit = self._word[word] = bool(self._starts) and (
+            hit = self._word[word] = stem in self._whole or bool(self._starts) and (
                 stem.startswith(self._starts) or stem in self._prefixes)
         return hit
 
