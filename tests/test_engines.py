@@ -846,6 +846,28 @@ def test_the_time_left_goes_by_the_pace_of_the_last_requests():
     assert s.seconds == pytest.approx(50.0 + RECENT_REQUESTS) and s.requests == 5 + RECENT_REQUESTS
 
 
+def test_the_time_left_counts_long_notes_rest_as_full_chunks():
+    """The notes' openings go first (space.HEAD_TEXTS), long notes' full chunks last: paced per
+    text of the openings, the estimate ran short at the end. The rest is paced per token, as
+    full chunks, until it is all that is left; then by its own pace per text."""
+    from ragd.index.embedder import RECENT_REQUESTS, EmbedStats
+
+    s = EmbedStats()
+    s.texts = 1000
+    for _ in range(RECENT_REQUESTS):
+        s.took(1.0, 20, 20 * 50)  # openings of 50 tokens, 0.05 s a text
+    assert s.time_left(100, 0, 250) == pytest.approx(5.0)
+    # 100 openings at 0.05 s, 40 rest texts of 250 tokens at 0.001 s a token
+    assert s.time_left(100, 40, 250) == pytest.approx(5.0 + 40 * 0.25)
+    for _ in range(RECENT_REQUESTS):
+        s.took(1.0, 4, 4 * 250)  # the rest alone: its own pace
+    assert s.time_left(0, 40, 250) == pytest.approx(10.0)
+    s.texts = 10
+    assert s.time_left(100, 40, 250) is None  # (no pace yet, none kept from a run before)
+    s.before = 0.05
+    assert s.time_left(100, 40, 250) == pytest.approx(7.0)
+
+
 def test_an_engine_that_fails_is_explained_by_its_log_lines_that_say_why(tmp_path):
     """A model llama.cpp cannot serve aborts after pages of loading notes, and ggml's gdb
     backtrace came after the reason: status showed eight lines of gdb (a fresh-user walk).

@@ -63,7 +63,7 @@ class EmbedStats:
     failed: int = 0
     requests: int = 0
     seconds: float = 0.0  # time spent waiting for the engine on embedding requests
-    # (engine seconds, texts) of the last requests: the pace an estimate of the time left
+    # (engine seconds, texts, tokens) of the last requests: the pace an estimate of the time left
     # goes by. The first ones of a first index share the cores with the indexer (reading,
     # chunking, the keyword index), so the pace since start overstates what is left
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
@@ -72,11 +72,12 @@ class EmbedStats:
     # says "no estimate yet" until the first 32 texts are in
     before: float | None = None
 
-    def took(self, seconds: float, texts: int) -> None:
-        """A request of the embedder thread's: `texts` embedded in `seconds` of the engine's."""
+    def took(self, seconds: float, texts: int, tokens: int = 0) -> None:
+        """A request of the embedder thread's: `texts` (`tokens` in all) embedded in `seconds`
+        of the engine's."""
         self.seconds += seconds
         self.requests += 1
-        self.recent.append((seconds, texts))
+        self.recent.append((seconds, texts, tokens))
 
     def seconds_per_text(self) -> float | None:
         """At the pace of the last requests (of every one so far when the thread has sent
@@ -84,8 +85,25 @@ class EmbedStats:
         run's pace (None without one)."""
         if self.texts < 32:
             return self.before
-        n = sum(t for _, t in self.recent)
-        return sum(s for s, _ in self.recent) / n if n else self.seconds / self.texts
+        n = sum(t for _, t, _ in self.recent)
+        return sum(s for s, _, _ in self.recent) / n if n else self.seconds / self.texts
+
+    def time_left(self, head: int, rest: int, full: int) -> float | None:
+        """Seconds to embed `head` texts of the queue and `rest` texts of long notes past their
+        first ones (Space.rest, embedded last): the queue's at the last requests' pace per
+        text, the rest's as full chunks (`full` tokens) at their pace per token. Paced per
+        text alone, the estimate ran short at the end, when the notes' short openings were
+        in and only long notes' full chunks were left. With nothing but the rest left, the
+        last requests are of those texts: their pace per text."""
+        per = self.seconds_per_text()
+        if per is None:
+            return None
+        n = sum(t for _, t, _ in self.recent)
+        tokens = sum(k for _, _, k in self.recent)
+        if not head or not rest or self.texts < 32 or not n or not tokens:
+            return per * (head + rest)
+        mean = tokens / n  # (a text of the queue is as long as those of the last requests)
+        return per * head + per / mean * max(mean, full) * rest
 
 
 class Embedder:
@@ -380,7 +398,7 @@ class Embedder:
                 self._embed_batch(db, [item])
             done.update(b[0] for b in batch)
             return
-        self.stats.took(seconds, len(batch))
+        self.stats.took(seconds, len(batch), sum(b[2] for b in batch))
         self._store(db, batch, vecs)
         done.update(b[0] for b in batch)
 
@@ -403,7 +421,7 @@ class Embedder:
                 return
             self._record_failure(db, batch[0][0], str(e))
             return
-        self.stats.took(time.perf_counter() - t0, len(batch))
+        self.stats.took(time.perf_counter() - t0, len(batch), sum(b[2] for b in batch))
         self._store(db, batch, vecs)
 
     def _record_failure(self, db: sqlite3.Connection, h: str, reason: str) -> None:

@@ -59,6 +59,11 @@ class Space:
             return (len(self.todo) + len(self.rest) + len(self.retry)
                     + sum(1 for h in self.inflight if h not in self.todo and h not in self.rest))
 
+    def pending_split(self) -> tuple[int, int]:
+        """pending(), as (the queue's texts, long notes' texts past their first: rest)."""
+        with self.cv:
+            return self.pending() - len(self.rest), len(self.rest)
+
     def busy(self) -> bool:  # with self.cv held
         return bool(self.todo or self.rest or self.retry or self.inflight)
 

@@ -214,9 +214,9 @@ class StatusOps:
                 "order": EMBED_ORDER,
                 "embedded_texts": s.texts, "embedded_tokens": s.tokens,
                 "truncated": s.truncated, "failed": s.failed,
-                # at the pace of the last requests (engine time per text)
-                "eta_s": round(todo * per) if todo and (per := s.seconds_per_text()) is not None
-                else None,
+                # at the pace of the last requests (EmbedStats.time_left)
+                "eta_s": round(left) if todo and space is not None and (left := s.time_left(
+                    *space.pending_split(), self.p.cfg.chunk_tokens)) is not None else None,
             })
             chunks = sum(c.get("chunks", 0) for c in self.counts().values())
             switch = self.p.embedding.status(chunks)
