@@ -174,8 +174,9 @@ def test_related_is_not_linked_by_a_section_copied_into_every_note(make_daemon, 
         assert rel[0]["path"] == str(root / "tulips.md"), rel
         # linked from the note's own section (lines 1-3), not from the footer (lines 5-7)
         assert all(r["link"]["from"]["line_end"] <= 3 for r in rel), rel
-        text = ("# Sowing lettuce\n\nSow lettuce seeds thinly in the garden bed in spring "
-                "and water the seedlings.\n" + footer_of("lettuce.md"))
+        text = ("# The flower bed\n\nPlant the tulip bulbs in autumn, prune the roses in "
+                "late winter, and feed the bed with compost in spring.\n" +
+                footer_of("garden.md"))
         by_text = d.call("related", text=text, k=2)["results"]
         assert {r["path"] for r in by_text} == {str(root / "roses.md"),
                                                 str(root / "tulips.md")}, by_text

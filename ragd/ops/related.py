@@ -86,14 +86,17 @@ class RelatedOps:
                             f"the vectors are in Milvus alone, which failed: "
                             f"{type(e).__name__}: {e}")[:300],
                         "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), **partial}
-            # the nearest of unrelated notes are still someone's nearest: a note is related
-            # only over a bar MEANING_MARGIN under search's threshold (the threshold is a
-            # question's against a passage's; two passages on one topic, each of its own
-            # words, sit lower: an ADR note and a decision log at 0.27). A short text is a
-            # question, and a question's neighbours are what search would call relevant
+            # the nearest of unrelated notes are still someone's nearest: a note's passages
+            # are related only over the bar search sets a match by meaning alone (its
+            # threshold + MEANING_MARGIN). Two passages of one vault sit higher than a
+            # question and a passage, and the best of 32 passages' nearest higher still:
+            # below that bar, results were no more often linked to the note than random
+            # pairs of notes (bench/related_links.py). A short text is a question, and a
+            # question's neighbours are what search would call relevant: its threshold
             thr = self.p.searcher.threshold()
-            if text is None or "\n" in text.strip() or len(text.split()) > QUERY_WORDS:
-                thr = max(0.0, thr - MEANING_MARGIN)
+            if thr > 0 and (text is None or "\n" in text.strip()
+                            or len(text.split()) > QUERY_WORDS):
+                thr += MEANING_MARGIN
             weak = top[0][1][1] if top and top[0][1][1] < thr else None
             top = [t for t in top if t[1][1] >= thr]
             rows = self.results.chunks(db, [(cid, s, {"vector": round(s, 6)}) for _, (cid, s, _) in
