@@ -846,26 +846,40 @@ def test_the_time_left_goes_by_the_pace_of_the_last_requests():
     assert s.seconds == pytest.approx(50.0 + RECENT_REQUESTS) and s.requests == 5 + RECENT_REQUESTS
 
 
-def test_the_time_left_counts_long_notes_rest_as_full_chunks():
-    """The notes' openings go first (space.HEAD_TEXTS), long notes' full chunks last: paced per
-    text of the openings, the estimate ran short at the end. The rest is paced per token, as
-    full chunks, until it is all that is left; then by its own pace per text."""
-    from ragd.index.embedder import RECENT_REQUESTS, EmbedStats
+def test_the_time_left_counts_long_notes_rest_as_long_as_their_first_texts():
+    """The notes' openings go first (space.HEAD_TEXTS), long notes' other texts last: paced
+    per text of the openings, the estimate ran short at the end where short notes went first.
+    The rest is paced per token, each text as long as the first texts of its notes were once
+    SAMPLES of them are in; then, when the rest is all that is left, by its own pace."""
+    from ragd.index.embedder import RECENT_REQUESTS, SAMPLES, EmbedStats
 
     s = EmbedStats()
     s.texts = 1000
     for _ in range(RECENT_REQUESTS):
         s.took(1.0, 20, 20 * 50)  # openings of 50 tokens, 0.05 s a text
-    assert s.time_left(100, 0, 250) == pytest.approx(5.0)
+    assert s.time_left(100, 40) == pytest.approx(7.0)  # (no sample yet: per text)
+    s.sample_texts, s.sample_tokens = SAMPLES, SAMPLES * 250
     # 100 openings at 0.05 s, 40 rest texts of 250 tokens at 0.001 s a token
-    assert s.time_left(100, 40, 250) == pytest.approx(5.0 + 40 * 0.25)
+    assert s.time_left(100, 40) == pytest.approx(5.0 + 40 * 0.25)
+    assert s.time_left(100, 0) == pytest.approx(5.0)
     for _ in range(RECENT_REQUESTS):
         s.took(1.0, 4, 4 * 250)  # the rest alone: its own pace
-    assert s.time_left(0, 40, 250) == pytest.approx(10.0)
+    assert s.time_left(0, 40) == pytest.approx(10.0)
     s.texts = 10
-    assert s.time_left(100, 40, 250) is None  # (no pace yet, none kept from a run before)
+    assert s.time_left(100, 40) is None  # (no pace yet, none kept from a run before)
     s.before = 0.05
-    assert s.time_left(100, 40, 250) == pytest.approx(7.0)
+    assert s.time_left(100, 40) == pytest.approx(7.0)
+
+
+def test_a_long_notes_first_texts_are_its_rests_samples():
+    """What estimates the rest's length: the first texts of the notes that have one."""
+    from ragd.index.space import HEAD_TEXTS
+    from ragd.index.vectorstore import past_heads
+
+    added = [(i, f"long{i}", 1) for i in range(HEAD_TEXTS + 3)] + [(100, "short", 2)]
+    got = past_heads(added)
+    assert got["rest"] == {f"long{i}" for i in range(HEAD_TEXTS, HEAD_TEXTS + 3)}
+    assert got["samples"] == {f"long{i}" for i in range(HEAD_TEXTS)}
 
 
 def test_an_engine_that_fails_is_explained_by_its_log_lines_that_say_why(tmp_path):

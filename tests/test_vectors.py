@@ -610,7 +610,7 @@ def test_past_heads_are_the_texts_only_a_long_note_s_tail_holds():
     from ragd.index.vectorstore import past_heads
     long = [(100 + i, f"l{i}", 7) for i in range(HEAD_TEXTS + 3)]
     short = [(10, "s0", 3), (11, f"l{HEAD_TEXTS + 2}", 3)]  # a tail text a short note holds
-    assert past_heads(long[::-1] + short) == {f"l{HEAD_TEXTS}", f"l{HEAD_TEXTS + 1}"}
+    assert past_heads(long[::-1] + short)["rest"] == {f"l{HEAD_TEXTS}", f"l{HEAD_TEXTS + 1}"}
 
 
 def test_a_long_note_modified_last_waits_behind_every_notes_opening(make_daemon, tmp_path):

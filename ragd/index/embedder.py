@@ -53,6 +53,7 @@ SPECIAL_TOKENS = 4  # room left for [CLS]/[SEP] or BOS/EOS when truncating
 PAUSE_START, PAUSE_MAX = 1.0, 60.0  # backoff when the database cannot be written
 CAUGHT_UP_LOG = 100  # texts embedded in one go from which the end is logged (_caught_up)
 RECENT_REQUESTS = 16  # of the embedder's, whose pace estimates the time left (EmbedStats)
+SAMPLES = 8  # long notes' first texts embedded before their length estimates the rest's
 
 
 @dataclass
@@ -71,6 +72,9 @@ class EmbedStats:
     # the estimate until this run has its own, or a restart in the middle of a first index
     # says "no estimate yet" until the first 32 texts are in
     before: float | None = None
+    # texts and tokens embedded of the first texts of notes that have a rest (Space.samples)
+    sample_texts: int = 0
+    sample_tokens: int = 0
 
     def took(self, seconds: float, texts: int, tokens: int = 0) -> None:
         """A request of the embedder thread's: `texts` (`tokens` in all) embedded in `seconds`
@@ -88,22 +92,22 @@ class EmbedStats:
         n = sum(t for _, t, _ in self.recent)
         return sum(s for s, _, _ in self.recent) / n if n else self.seconds / self.texts
 
-    def time_left(self, head: int, rest: int, full: int) -> float | None:
+    def time_left(self, head: int, rest: int) -> float | None:
         """Seconds to embed `head` texts of the queue and `rest` texts of long notes past their
         first ones (Space.rest, embedded last): the queue's at the last requests' pace per
-        text, the rest's as full chunks (`full` tokens) at their pace per token. Paced per
-        text alone, the estimate ran short at the end, when the notes' short openings were
-        in and only long notes' full chunks were left. With nothing but the rest left, the
-        last requests are of those texts: their pace per text."""
+        text, the rest's per token, each as long as the first texts of those notes were
+        (Space.samples). Paced per text alone, the estimate ran short at the end where the
+        short notes went first and long notes' full chunks were left. With nothing but the
+        rest left, the last requests are of those texts: their pace per text."""
         per = self.seconds_per_text()
         if per is None:
             return None
         n = sum(t for _, t, _ in self.recent)
         tokens = sum(k for _, _, k in self.recent)
-        if not head or not rest or self.texts < 32 or not n or not tokens:
+        if not head or not rest or self.texts < 32 or not n or not tokens or \
+                self.sample_texts < SAMPLES:
             return per * (head + rest)
-        mean = tokens / n  # (a text of the queue is as long as those of the last requests)
-        return per * head + per / mean * max(mean, full) * rest
+        return per * head + per * n / tokens * self.sample_tokens / self.sample_texts * rest
 
 
 class Embedder:
@@ -219,6 +223,13 @@ class Embedder:
             log.debug("embedding before commit failed (%s); left to the embedder thread", e)
             return None
         return space.id, rows
+
+    def _took(self, seconds: float, batch: list) -> None:
+        """A request of the embedder thread's, for the pace (EmbedStats)."""
+        self.stats.took(seconds, len(batch), sum(b[2] for b in batch))
+        texts, tokens = self.space.sampled(batch)
+        self.stats.sample_texts += texts
+        self.stats.sample_tokens += tokens
 
     def count_stored(self, rows: list) -> None:
         """Vectors stored (texts embedded and kept): the counts status shows."""
@@ -398,7 +409,7 @@ class Embedder:
                 self._embed_batch(db, [item])
             done.update(b[0] for b in batch)
             return
-        self.stats.took(seconds, len(batch), sum(b[2] for b in batch))
+        self._took(seconds, batch)
         self._store(db, batch, vecs)
         done.update(b[0] for b in batch)
 
@@ -421,7 +432,7 @@ class Embedder:
                 return
             self._record_failure(db, batch[0][0], str(e))
             return
-        self.stats.took(time.perf_counter() - t0, len(batch), sum(b[2] for b in batch))
+        self._took(time.perf_counter() - t0, batch)
         self._store(db, batch, vecs)
 
     def _record_failure(self, db: sqlite3.Connection, h: str, reason: str) -> None:

@@ -35,6 +35,10 @@ class Space:
         # ... and those of long notes past their first HEAD_TEXTS: taken once todo is empty
         self.rest: OrderedDict[str, None] = OrderedDict()
         self.retry: list[tuple[float, str]] = []  # (when, text hash): refused, try again
+        # the queued first texts of the notes that have a rest: a rest text is as long as the
+        # first ones of its note, so their token counts, once embedded, estimate the rest's
+        # (EmbedStats.time_left)
+        self.samples: set[str] = set()
         # Hashes taken off the queue, not yet stored. One may be queued again meanwhile (the
         # same text committed by another file): it is counted once, and leaves the queue
         # when it is stored (see stored).
@@ -81,13 +85,14 @@ class Space:
                 self.cv.wait(left)
         return True
 
-    def queue(self, hashes, first: bool = False, rest=frozenset()) -> None:
+    def queue(self, hashes, first: bool = False, rest=frozenset(), samples=frozenset()) -> None:
         """Texts to embed, at the back of the queue; `first`: at its front (an edit's, while a
         backlog is embedded: it waits for the batch in the engine's hands, not the backlog).
         Those in `rest` (long notes' texts past their first HEAD_TEXTS) go to the back of the
-        rest, unless first, or queued before them."""
+        rest, unless first, or queued before them; `samples`: the first texts of their notes."""
         with self.cv:
             hashes = list(hashes)
+            self.samples.update(h for h in hashes if h in samples)
             for h in hashes:
                 if h in rest and not first and h not in self.todo:
                     self.rest[h] = None
@@ -121,6 +126,16 @@ class Space:
                 out.append((self.todo or self.rest).popitem(last=False)[0])
             self.inflight.update(out)
             return out
+
+    def sampled(self, batch: list) -> tuple[int, int]:
+        """(texts, tokens) of an embedded batch's ((hash, text, tokens, truncated)) samples:
+        counted once."""
+        with self.cv:
+            if not self.samples:
+                return 0, 0
+            got = [(h, n) for h, _, n, _ in batch if h in self.samples]
+            self.samples.difference_update(h for h, _ in got)
+            return len(got), sum(n for _, n in got)
 
     def give_back(self, hashes: list[str]) -> None:
         """Hashes taken but not stored (the engine went away): to the front of the queue."""
@@ -164,6 +179,7 @@ class Space:
                 self.todo.pop(h, None)
                 self.rest.pop(h, None)
             self.inflight.difference_update(hashes)  # (still embedded, the vectors kept)
+            self.samples.difference_update(hashes)
             if any(h in hashes for _, h in self.retry):
                 self.retry = [r for r in self.retry if r[1] not in hashes]
                 heapq.heapify(self.retry)

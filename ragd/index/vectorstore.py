@@ -132,7 +132,7 @@ class VectorStore:
             found = self._add_cached(db, space, by_hash)
             missing = [h for h in by_hash if h not in found]
             if missing:
-                space.queue(missing, first=live, rest=past_heads(added))
+                space.queue(missing, first=live, **past_heads(added))
         for fn in self._committed:
             fn()
 
@@ -458,6 +458,7 @@ class VectorStore:
         todo: OrderedDict[str, None] = OrderedDict()
         rest: OrderedDict[str, None] = OrderedDict()
         heads = 0  # idx's first `heads` are notes' first texts, the rest long notes' others
+        samples: set[str] = set()  # (Space.samples)
         idx = np.flatnonzero(need)
         if len(idx):  # queued most recently modified note first, as the indexer takes them,
             # and a long note's texts past its first HEAD_TEXTS after every note's first ones
@@ -466,6 +467,8 @@ class VectorStore:
                                  dtype=np.int64, count=len(idx))
             idx = idx[np.argsort(-recent, kind="stable")]
             tail = np.array(past_head(cur_files[idx].tolist()), dtype=bool)
+            long = np.isin(cur_files[idx], np.unique(cur_files[idx[tail]]))
+            samples = {h.decode().rstrip() for h in cur_hashes[idx[~tail & long]].tolist()}
             idx = np.concatenate([idx[~tail], idx[tail]])
             heads = len(idx) - int(tail.sum())
         for i in range(0, len(idx), 20000):
@@ -487,6 +490,7 @@ class VectorStore:
                         rest.pop(h, None)
         with space.cv:
             space.todo, space.rest = todo, rest
+            space.samples = {h for h in samples if h in todo}
         if kept is not None:  # "N vectors: S from the snapshot, C from the cache"
             how = f": {kept} {how}, {len(space.vectors) - kept} from the cache"
         return how, stale
@@ -705,13 +709,16 @@ class VectorStore:
                     log.warning("space %d: snapshot not written: %s", space.id, e)
 
 
-def past_heads(added) -> set[str]:
+def past_heads(added) -> dict[str, set[str]]:
     """Of a commit's added chunks ((chunk id, text hash, file id), a file's in id order: as
-    written), the texts found only past their note's first space.HEAD_TEXTS."""
+    written), the texts found only past their note's first space.HEAD_TEXTS (`rest`), and
+    the first texts of those notes (`samples`): Space.queue's arguments."""
     added = sorted(added, key=lambda a: (a[2], a[0]))
     past = past_head([fid for _, _, fid in added])
     head = {h for (_, h, _), p in zip(added, past) if not p}
-    return {h for (_, h, _), p in zip(added, past) if p} - head
+    long = {fid for (_, _, fid), p in zip(added, past) if p}
+    return {"rest": {h for (_, h, _), p in zip(added, past) if p} - head,
+            "samples": {h for (_, h, fid), p in zip(added, past) if not p and fid in long}}
 
 
 def past_head(files) -> list[bool]:

@@ -216,7 +216,7 @@ class StatusOps:
                 "truncated": s.truncated, "failed": s.failed,
                 # at the pace of the last requests (EmbedStats.time_left)
                 "eta_s": round(left) if todo and space is not None and (left := s.time_left(
-                    *space.pending_split(), self.p.cfg.chunk_tokens)) is not None else None,
+                    *space.pending_split())) is not None else None,
             })
             chunks = sum(c.get("chunks", 0) for c in self.counts().values())
             switch = self.p.embedding.status(chunks)
