@@ -396,6 +396,36 @@ def test_a_long_note_taking_every_candidate_still_gives_k_notes(tmp_path):
         assert {r["title"] for r in chunks["results"]} == {"Exception groups"}, chunks
 
 
+def test_a_larger_k_shows_more_notes_never_another_order(tmp_path):
+    """`-k 10 "GIL removal"` gave PEPs 684 445 703 371 and `-k 20` gave 684 445 371 703 (a
+    fresh-user walk): k = 20 asked the rankings for more candidates, and each ranking scales
+    its scores over its own, longer list. The notes a smaller k shows come first in a larger
+    k's, in the same order and with the same scores."""
+    sections = "\n\n".join(f"## Part {i}\n\nException Groups wrap Exception Groups, part {i}."
+                            for i in range(150))
+    docs = {"big.md": f"# Exception Groups\n\n{sections}\n",
+            "words.md": "# Words\n\nException Groups, Exception Groups: Exception Groups.\n",
+            "meaning.md": "# Meaning\n\nA long note about raising many errors at once, which "
+                          "the runtime puts together; it goes on about other things and "
+                          "mentions Exception Groups once.\n"}
+    docs.update({f"small/n{i}.md": f"# Note {i}\n\nA long note about topic {i} of many words "
+                 f"that go on and on about other matters, and once about Exception Groups.\n"
+                 for i in range(12)})
+    rs = RankedStore(tmp_path, docs, FakeEmbedder(
+        {"exception groups": axis(0), "wrap": towards(axis(0), 0.6),
+         "raising many errors": towards(axis(0), 0.95)}, default=axis(5)))
+    for mode in ("hybrid", "bm25"):
+        shown = {}
+        for k in (1, 2, 3, 5, 10):
+            res = rs.search("exception groups", k=k, mode=mode)["results"]
+            shown[k] = [(r["path"].rsplit("/", 1)[1], r["score"]) for r in res]
+        assert any(rs.search("exception groups", k=k, mode=mode).get("widened")
+                   for k in (3, 5, 10)), mode  # (the case: a larger k asked for more)
+        for a, b in zip(shown, list(shown)[1:]):
+            assert shown[b][:len(shown[a])] == shown[a], (mode, a, b, shown)
+        assert len(shown[10]) == 10, shown[10]
+
+
 # A PEP named by its number, among PEPs that say "8" more often than it does ("3.8",
 # "UTF-8") and that all say "PEP"
 PEPS = {

@@ -101,6 +101,7 @@ class SearchOps:
             r = self.p.searcher.run(db, query, k, mode, filters, rerank, group, text_view)
             t = time.perf_counter()
             grouped = notes.group(db, r.candidates, r.reranked, self.p.buffers, r.note_evidence)
+            first = grouped
             while group == "note" and len(grouped) < k and r.full and r.asked < MAX_CANDIDATES:
                 # A few long notes can take every candidate, each with many matching chunks:
                 # the rankings are asked for more, until k notes or no ranking has more to give
@@ -108,8 +109,8 @@ class SearchOps:
                                         min(r.asked * WIDEN, MAX_CANDIDATES))
                 r.widened = r.asked
                 t = time.perf_counter()
-                grouped = notes.group(db, r.candidates, r.reranked, self.p.buffers,
-                                      r.note_evidence)
+                grouped = notes.after(first, notes.group(db, r.candidates, r.reranked,
+                                                         self.p.buffers, r.note_evidence))
             if r.trusted is not None and group == "note" and not r.reranked:
                 cid = r.trusted.chunk_id
                 r.trusted.lifted_from = lift(

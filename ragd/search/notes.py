@@ -71,6 +71,23 @@ def group(db: sqlite3.Connection, ranked: list, reranked: bool = False,
     return sorted(notes.values(), key=lambda n: -n.score)
 
 
+def after(first: list[Note], wider: list[Note]) -> list[Note]:
+    """The notes of a search's first candidates, in their order and with their scores, then
+    those that only more candidates found (a widened search), in its order and scored no
+    higher than the last of the first. Each ranking scales its scores over its own list, so a
+    longer list moves them: with the widened list's order, `-k 20` ranked PEP 703 fourth for
+    "GIL removal" where `-k 10` ranked it third. A larger k shows more notes, never another
+    order of those a smaller one showed."""
+    have = {n.file_id for n in first}
+    out = list(first)
+    for n in wider:
+        if n.file_id not in have:
+            if first:
+                n.score = min(n.score, first[-1].score)
+            out.append(n)
+    return out
+
+
 def firsts(db: sqlite3.Connection, ranked: list, m: int, overlay=None) -> list:
     """The best chunk of each of the first m notes of a ranked chunk list."""
     seen: set[int] = set()
