@@ -60,10 +60,19 @@ def do_search(args) -> int:
         # results then hold the query's words, not its meaning, as below the threshold)
         below = (res.get("below_threshold") or res.get("weak_meaning")) and not (
             res.get("vector_coverage") is not None and res["vector_coverage"] < 1)
-        if below:
+        if below and res.get("mode") == "vector":  # (its results are the nearest, not words)
+            notes.append(f"no close meaning match: the best similarity "
+                         f"{res.get('best_similarity')} is below the threshold; these are the "
+                         f"nearest by meaning, and --mode bm25 lists the notes holding the words")
+        elif below:
             notes.append("no close meaning match: these results match the query's words" + (
                 f", only some of them (confidence {res.get('confidence')}): the notes may not "
                 f"answer this" if res.get("low_confidence") and res["results"] else ""))
+        elif res.get("under_threshold"):
+            n, thr = res["under_threshold"], res.get("threshold")
+            notes.append(f"{n} of these {_count(len(res['results']), 'result')} "
+                         f"{'is' if n == 1 else 'are'} below the similarity threshold {thr}: "
+                         f"the nearest by meaning, not close")
         if res.get("rerank_reason"):
             notes.append(f"not reranked: {res['rerank_reason']}")
         if res.get("unknown_names") and res["results"]:

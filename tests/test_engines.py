@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from conftest import (EMBED_MODEL, RERANK_MODEL, EngineKind, engine_config, small_vault,
-                      wait_embedded)
+from conftest import (EMBED_MODEL, RERANK_MODEL, EngineKind, engine_config, ragctl,
+                      small_vault, wait_embedded)
 
 
 def src(root) -> list[dict]:
@@ -152,6 +152,16 @@ def test_hybrid_search_restart_and_threshold(make_daemon, tmp_path, engine_kind)
         res = d.call("search", query="make a task repeat on a schedule", k=60, group="chunk",
                      mode="vector")
         assert "cut_below_threshold" not in res and len(res["results"]) == 60
+        # ... and says how many of them are below the threshold (it listed five PEPs at
+        # 0.25-0.29 for "->" with no word of it: a fresh-user walk)
+        under = [r for r in res["results"] if r["scores"]["vector"] < 0.30]
+        assert under and res["under_threshold"] == len(under) and res["threshold"] == 0.3, res
+        cli = ragctl("--config", d.config, "search", "--mode", "vector", "-k", "60", "-l",
+                     "make a task repeat on a schedule")
+        shown = len(cli.stdout.splitlines())  # (a line per note: -l)
+        assert 0 < int(cli.stderr.split(" of these ")[0].lstrip("(")) < shown and \
+            f" of these {shown} results are below the similarity threshold 0.3" in cli.stderr, \
+            cli.stderr
         # A distinctive note wins on meaning alone.
         hit = d.call("search", query="styling the buttons of tasks with CSS", k=3,
                      mode="vector")["results"]

@@ -150,6 +150,14 @@ class SearchOps:
             reply["unknown_names"] = unknown
             reply["low_confidence"] = True
         reply["group"] = group
+        thr = self.p.searcher.threshold()
+        if r.mode == "vector" and thr > 0:
+            # vector search lists the nearest, close or not (nothing else stands in): how many
+            # of them are not close by the threshold's measure is said, not left to the scores
+            under = sum(1 for x in results if x["scores"].get("vector", 1.0) < thr)
+            if under:
+                reply["under_threshold"] = under
+                reply["threshold"] = round(thr, 4)
         if len(query) > ECHO_CHARS:  # a pasted page is not sent back whole with every reply
             reply["query_chars"] = len(query)
         if fresh is not None:
