@@ -36,18 +36,19 @@ def do_search(args) -> int:
             pct = 100 * res["vector_coverage"]
             shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
             found = res.get("candidate_coverage")
+            # the rule is the share of the keywords' first chunks that have theirs, when
+            # known: the index's share may be past 95% while theirs is not
+            theirs = "" if found is None else \
+                f", {100 * found:.0f}% of the chunks these words found first"
             if str(res.get("fusion", "")).startswith("bm25 order"):
-                # the rule is the share of the keywords' first chunks that have theirs, when
-                # known: the index's share may be past 95% while theirs is not
-                until = ("95% are in" if found is None else
-                         f"95% of these words' first chunks are in ({100 * found:.0f}% now)")
-                how = f"keyword order, a clear meaning match near the top, until {until}"
+                how = (f"{theirs}: keyword order until 95% of "
+                       f"{'those' if theirs else 'them'} are in; a clear meaning match goes "
+                       f"near the top")
             elif found is not None and found >= 0.95:
-                how = (f"these words' first chunks are in ({100 * found:.0f}%), the rest are "
-                       f"being embedded")
+                how = f"{theirs}: the rest are being embedded"
             else:
-                how = "the rest are being embedded"
-            notes.append(f"vectors cover {shown} so far: {how}")
+                how = ": the rest are being embedded"
+            notes.append(f"vectors cover {shown} of the index so far{how}")
         if res.get("files_pending") and not res.get("waited"):
             notes.append(f"{_count(res['files_pending'], 'file')} still being indexed: not in "
                          f"these results yet (--wait SECONDS waits for them)")
@@ -164,7 +165,7 @@ def do_related(args) -> int:
         if cover is not None and cover < 1:  # on stderr: stdout holds the results alone
             pct = 100 * cover
             shown = f"{pct:.0f}%" if pct < 99.5 else f"{pct:.1f}%"  # (99.94 is not "100%")
-            print(f"(vectors cover {shown} so far: notes not embedded yet are not "
+            print(f"(vectors cover {shown} of the index so far: notes not embedded yet are not "
                   f"compared)", file=sys.stderr)
         if not res["results"]:  # (with -l, stdout holds nothing but paths)
             print(f"no related notes ({res.get('reason') or 'none found'})",

@@ -44,7 +44,7 @@ def test_related_from_the_shell_in_searchs_output_forms(make_daemon, tmp_path):
             reason = d.call("related", path=str(new), k=5)["reason"]
             r = ragctl(*cfg, "related", new)
             assert r.returncode == 1 and r.stdout == f"no related notes ({reason})\n"
-            assert "(vectors cover " in r.stderr and "% so far: " in r.stderr
+            assert "(vectors cover " in r.stderr and "% of the index so far" in r.stderr
             r = ragctl(*cfg, "related", new, "-l")
             assert r.returncode == 1 and r.stdout == ""
             assert f"no related notes ({reason})" in r.stderr
