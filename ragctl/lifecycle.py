@@ -81,10 +81,12 @@ def _progress(args, sock, what: str = "indexing") -> None:
     watching, not ragd."""
     t0 = time.monotonic()
     first_vectors = None
+    read = False  # files were read while the first texts were embedded
     try:
         with P.Client(sock, timeout=30) as c:
             while True:
                 st = c.call("status")
+                read = read or bool(st["pending"]) or not st["idle"]
                 files = sum(s["files"] for s in st["sources"])
                 chunks = sum(s["chunks"] for s in st["sources"])
                 e = st.get("engines", {}).get("embedding", {})
@@ -117,7 +119,7 @@ def _progress(args, sock, what: str = "indexing") -> None:
         rate = None
         if first_vectors and time.monotonic() > first_vectors[0] + 1:
             rate = (vectors - first_vectors[1]) / (time.monotonic() - first_vectors[0])
-        print(_next_step(st, rate))
+        print(_next_step(st, rate, shared=read))
     except KeyboardInterrupt:
         print("\nragd goes on in the background ('ragctl status' shows where it is)")
     except (OSError, P.ProtocolError, P.DaemonError):
@@ -141,6 +143,8 @@ def _wait_indexed(args, sock) -> None:
     say what follows. Vectors are not waited for: they follow in the background."""
     try:
         with P.Client(sock, timeout=3630) as c:
+            st = c.call("status")
+            read = bool(st["pending"]) or not st["idle"]
             while True:
                 c.call("wait", timeout=3600, vectors=False)
                 st = c.call("status")
@@ -153,12 +157,14 @@ def _wait_indexed(args, sock) -> None:
         raise Fail(f"ragd started, but waiting for its keyword index failed: {e}; "
                    f"`ragctl status` says where it is") from None
     if not args.json:
-        print(_next_step(st))
+        print(_next_step(st, shared=read))
 
 
-def _next_step(st: dict, rate: float | None = None) -> str:
+def _next_step(st: dict, rate: float | None = None, shared: bool = False) -> str:
     """Once the keyword index is complete: what happens next, and how long it may take (from
-    the daemon's embedding pace, else the vectors/s watched here, else no estimate)."""
+    the daemon's embedding pace, else the vectors/s watched here, else no estimate). `shared`:
+    files were read meanwhile, and the first batches' pace is slower than what follows (the
+    PEPs: "~104 min" said, 20 taken)."""
     e = st.get("engines", {}).get("embedding")
     if not e:
         return "keyword index ready; no embedding model: search ranks by keywords"
@@ -170,10 +176,10 @@ def _next_step(st: dict, rate: float | None = None) -> str:
                 f"on keywords until the vectors are in; `ragctl status` to follow")
     if not todo:
         return "index ready: keywords and vectors of every chunk"
-    if e.get("eta_s"):
-        eta = f"~{max(1, round(e['eta_s'] / 60))} min"
-    elif rate:
-        eta = f"~{max(1, round(todo / rate / 60))} min"
+    if e.get("eta_s") or rate:
+        eta = f"~{max(1, round((e.get('eta_s') or todo / rate) / 60))} min"
+        if shared:
+            eta += ", or less: the first batches shared the cores with reading the files"
     else:
         eta = "no estimate yet"
     doing = st.get("doing") or ""

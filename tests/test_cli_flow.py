@@ -128,7 +128,9 @@ def test_start_says_what_happens_next(make_daemon, tmp_path):
         assert "ragd started (pid " in out
         last = out.rstrip("\n").rsplit("\n", 1)[-1]
         assert re.fullmatch(r"keyword index ready; embedding [\d,]+ chunks in the background "
-                            r"\((~\d+ min|no estimate yet)(; [a-z ]+)?\); search works now, on "
+                            r"\((~\d+ min(, or less: the first batches shared the cores with "
+                            r"reading the files)?|no estimate yet)(; [a-z ]+)?\); search works "
+                            r"now, on "
                             r"keywords until the vectors are in; `ragctl status` to follow",
                             last) or re.fullmatch(  # (the engine still starting after 15 s)
             r"keyword index ready \([\d,]+ chunks\); vectors: [a-z ]+; search works now, on "
