@@ -66,7 +66,10 @@ def do_search(args) -> int:
                          f"{res.get('best_similarity')} is below the threshold; these are the "
                          f"nearest by meaning, and --mode bm25 lists the notes holding the words")
         elif below:
+            unheld = ", ".join(repr(w) for w in res.get("unheld_words") or ())
             notes.append("no close meaning match: these results match the query's words" + (
+                f", only some of them (no note holds {unheld}): the notes may not answer this"
+                if unheld and res["results"] else
                 f", only some of them (confidence {res.get('confidence')}): the notes may not "
                 f"answer this" if res.get("low_confidence") and res["results"] else ""))
         elif res.get("under_threshold"):

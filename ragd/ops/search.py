@@ -122,6 +122,10 @@ class SearchOps:
                 (text, text_view[0]) if text_view and text_view[0] else None
             ) if grouped else None
             unknown = bm25.unknown_names(db, query) if grouped else []
+            # a weak best match by meaning, and a word no note holds: the notes likely do not
+            # answer, however rare the words they do hold are (confidence weighs by rarity)
+            unheld = bm25.unheld_words(db, query) if grouped and (
+                r.weak_meaning or r.below_threshold) else []
             if group == "note":
                 results = self.results.notes(db, grouped, k, query, r.note_evidence, second)
             else:
@@ -148,6 +152,9 @@ class SearchOps:
                 r.weak_meaning and conf < notes.WEAK_CONFIDENCE)
         if unknown:  # "Todoist", "OAuth2": a name no note mentions
             reply["unknown_names"] = unknown
+            reply["low_confidence"] = True
+        if unheld:
+            reply["unheld_words"] = unheld
             reply["low_confidence"] = True
         reply["group"] = group
         thr = self.p.searcher.threshold()

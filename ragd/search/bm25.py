@@ -80,6 +80,14 @@ def unknown_names(db: sqlite3.Connection, query: str) -> list[str]:
     return out
 
 
+def unheld_words(db: sqlite3.Connection, query: str) -> list[str]:
+    """The query's content words (outside its quoted phrases) that no chunk of the index
+    holds: with nothing close in meaning either, a question about something no note mentions
+    ("sourdough starter" where only "starter" is in the notes)."""
+    words = [w for w in content_terms(query) if not w.startswith('"')]
+    return [w for w, df in zip(words, doc_freqs(db, [f'"{w}"' for w in words])) if not df]
+
+
 def _stem(word: str) -> str:
     """A rough stem for marking matches in shown text (FTS5 matched with porter: 'repeating'
     matched 'repeat'): common suffixes cut, at least 3 letters kept."""
