@@ -136,10 +136,12 @@ def do_search(args) -> int:
                   f"their similarity is below the threshold)")
         if args.explain and res.get("trusted"):
             t = res["trusted"]
-            print(f"(the chunk the vectors rank first for the query itself, cosine "
-                  f"{t['cosine']}, clears the threshold by a clear margin: its note is kept in "
-                  f"the top {t['rank']}" + (f"; it ranked {t['lifted_from']} before)"
-                                            if t.get("lifted_from") else ")"))
+            which = (f"result {t['result']} holds the chunk" if t.get("result") else
+                     f"the chunk ({_count(len(res['results']), 'result')} shown, not it)")
+            print(f"({which} the vectors rank first for the query itself, cosine "
+                  f"{t['cosine']}, clear of the threshold and of other notes: kept in the top "
+                  f"{t['rank']}" + (f"; it ranked {t['lifted_from']} before)"
+                                    if t.get("lifted_from") else ")"))
         if args.explain and res.get("feedback"):
             print(f"(vector ranks are of the query moved towards the first fusion's "
                   f"{res['feedback']['chunks']} best chunks, weight "

@@ -79,6 +79,9 @@ def test_a_clear_match_by_meaning_is_in_the_top_3(tmp_path, partial):
     answer = s.path("plants/ficus.md")
     assert answer in paths(reply)[:3], paths(reply)
     assert reply["trusted"]["cosine"] == pytest.approx(0.8, abs=1e-3)
+    # which result it is (ragctl --explain named none of them)
+    assert reply["trusted"]["result"] == paths(reply).index(answer) + 1, reply["trusted"]
+    assert "result" not in s.search(QUERY, k=1)["trusted"] or paths(reply)[0] == answer
     if partial:  # lifted from below every BM25 hit, to its rank while vectors are coming
         assert reply["trusted"]["lifted_from"] == len(KEYWORD_NOTES) + 1, reply["trusted"]
         assert paths(reply).index(answer) + 1 == TRUSTED_RANK

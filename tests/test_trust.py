@@ -101,6 +101,11 @@ def test_the_note_only_meaning_finds_is_in_the_top_three(trust_daemon):
         r = ragctl("--config", d.config, "search", "-l", "-k", "3", HOUSEPLANT)
         assert r.returncode == 0 and any(ln.split(":")[0].endswith("Fiddle-leaf fig.md")
                                          for ln in r.stdout.splitlines()), r.stdout
+        # --explain says which result the vectors' clear first match is (it named none)
+        at = rank_of(hyb, "Fiddle-leaf fig.md")
+        assert hyb["trusted"]["result"] == at, hyb["trusted"]
+        r = ragctl("--config", d.config, "search", "--explain", "-k", "5", HOUSEPLANT)
+        assert f"(result {at} holds the chunk the vectors rank first" in r.stdout, r.stdout
 
 
 def test_the_note_only_meaning_finds_while_most_vectors_are_missing(trust_daemon):

@@ -131,6 +131,12 @@ class SearchOps:
             else:
                 results = self.results.chunks(
                     db, [(c.chunk_id, c.score, c.parts) for c in r.candidates], k, titled=True)
+        if r.trusted is not None:  # which result it is: --explain names it
+            cid = r.trusted.chunk_id
+            at = next((i for i, x in enumerate(results, 1) if x.get("chunk_id") == cid), None) \
+                if group != "note" else next((i for i, n in enumerate(grouped, 1) if any(
+                    c.chunk_id == cid for c in n.chunks)), None)  # (results: grouped's order)
+            r.trusted.result = at if at is not None and at <= len(results) else None
         matcher = bm25.LineMatcher(query)
         for res in results:
             res.pop("chunk_id", None)

@@ -18,9 +18,12 @@ class Trusted:
     rank: int
     gap: float | None = None  # above the best chunk of another note (None: none listed)
     lifted_from: int | None = None
+    result: int | None = None  # the result (1-based) it is, or its note; None: not shown
 
     def reply(self) -> dict:  # (its chunk id is the index's own: not in the reply)
         out = {"cosine": self.cosine, "rank": self.rank}
+        if self.result is not None:
+            out["result"] = self.result
         if self.gap is not None:
             out["gap"] = self.gap
         if self.lifted_from is not None:
