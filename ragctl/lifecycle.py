@@ -163,8 +163,8 @@ def _wait_indexed(args, sock) -> None:
 def _next_step(st: dict, rate: float | None = None, shared: bool = False) -> str:
     """Once the keyword index is complete: what happens next, and how long it may take (from
     the daemon's embedding pace, else the vectors/s watched here, else no estimate). `shared`:
-    files were read meanwhile, and the first batches' pace is slower than what follows (the
-    PEPs: "~104 min" said, 20 taken)."""
+    files were read meanwhile, and the first batches' pace, sharing the cores with the
+    indexer, is slower than what follows."""
     e = st.get("engines", {}).get("embedding")
     if not e:
         return "keyword index ready; no embedding model: search ranks by keywords"

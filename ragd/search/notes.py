@@ -75,9 +75,8 @@ def after(first: list[Note], wider: list[Note]) -> list[Note]:
     """The notes of a search's first candidates, in their order and with their scores, then
     those that only more candidates found (a widened search), in its order and scored no
     higher than the last of the first. Each ranking scales its scores over its own list, so a
-    longer list moves them: with the widened list's order, `-k 20` ranked PEP 703 fourth for
-    "GIL removal" where `-k 10` ranked it third. A larger k shows more notes, never another
-    order of those a smaller one showed."""
+    longer list moves them, and the widened order would reorder the notes a smaller k showed:
+    a larger k shows more notes, never another order of those."""
     have = {n.file_id for n in first}
     out = list(first)
     for n in wider:
