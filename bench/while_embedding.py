@@ -2,6 +2,7 @@
 bulk embedding.
 
     python bench/while_embedding.py [--only coverage,latency] [--coverages 0.1,0.5]
+                                    [--set dev|heldout]
 
 coverage: a fresh daemon on a copy of obsidian-tasks-docs, embedding from scratch. When the
   share of chunks with a vector reaches each --coverages value, the main embedding engine is
@@ -33,6 +34,10 @@ from common import (EMBED_MODEL, SHARED, Daemon, copy_vault, median, pct, quiet_
 from ragctl import evaluate
 
 QUESTIONS = SHARED / "eval" / "obsidian-tasks" / "obsidian-tasks-questions.jsonl"
+# --set: the vault and its questions (the held-out set: a check, never tuned on)
+SETS = {"dev": ("obsidian-tasks-docs", QUESTIONS),
+        "heldout": ("dwarvesf-brain",
+                    Path(__file__).resolve().parent / "heldout" / "dwarves-questions.jsonl")}
 
 
 def make(tmp: Path, sources: list[dict], query_engine: bool = True) -> Daemon:
@@ -42,8 +47,8 @@ def make(tmp: Path, sources: list[dict], query_engine: bool = True) -> Daemon:
     return Daemon(quiet_config(cfg), tmp / "run" / "s.sock", tmp / "err.log")
 
 
-def dev_eval(d: Daemon, mode: str) -> dict:
-    qs = evaluate.load(QUESTIONS)
+def dev_eval(d: Daemon, mode: str, questions: Path = QUESTIONS) -> dict:
+    qs = evaluate.load(questions)
     with d.client(timeout=120) as c:
         roots = {s["name"]: s["path"] for s in c.call("sources")}
         return evaluate.run(c, qs, mode, None, roots)
@@ -81,7 +86,8 @@ def fig_rank(d: Daemon) -> int | None:
 
 
 def coverage_case(args, tmp: Path) -> dict:
-    vault = copy_vault("obsidian-tasks-docs", tmp / "vault")
+    name, questions = SETS[args.set]
+    vault = copy_vault(name, tmp / "vault")
     plant(vault)
     d = make(tmp, [{"name": "tasks", "path": str(vault), "kind": "obsidian"}])
     out = {}
@@ -97,7 +103,7 @@ def coverage_case(args, tmp: Path) -> dict:
                 time.sleep(0.2)
             os.kill(e["pid"], signal.SIGSTOP)  # coverage stays where it is while we measure
             try:
-                row = {m: dev_eval(d, m) for m in ("bm25", "hybrid")}
+                row = {m: dev_eval(d, m, questions) for m in ("bm25", "hybrid")}
                 cov = d.call("search", query="coverage", mode="hybrid")["vector_coverage"]
                 rank = fig_rank(d)
             finally:
@@ -106,7 +112,7 @@ def coverage_case(args, tmp: Path) -> dict:
                                  "hybrid_below_bm25": losses(row)}
             print(f"  coverage {cov:.2f}: {out[f'{cov:.2f}']}", flush=True)
         ready(d, vectors=True)
-        row = {m: dev_eval(d, m) for m in ("bm25", "hybrid")}
+        row = {m: dev_eval(d, m, questions) for m in ("bm25", "hybrid")}
         out["1.00"] = {**_summary(row), "houseplant_rank": fig_rank(d),
                        "hybrid_below_bm25": losses(row)}
         print(f"  coverage 1.00: {out['1.00']}", flush=True)
@@ -187,6 +193,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="coverage,latency")
     ap.add_argument("--coverages", default="0.1,0.5")
+    ap.add_argument("--set", default="dev", choices=sorted(SETS),
+                    help="coverage: the dev set's vault and questions, or the held-out set's")
     args = ap.parse_args()
     results = {}
     for name in args.only.split(","):
@@ -196,7 +204,7 @@ def main() -> None:
             results[name] = {"coverage": coverage_case, "latency": latency_case}[name](args, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    save("while_embedding", results)
+    save("while_embedding" + ("" if args.set == "dev" else f"_{args.set}"), results)
 
 
 if __name__ == "__main__":

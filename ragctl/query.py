@@ -41,9 +41,9 @@ def do_search(args) -> int:
             theirs = "" if found is None else \
                 f", {100 * found:.0f}% of the chunks these words found first"
             if str(res.get("fusion", "")).startswith("bm25 order"):
-                how = (f"{theirs}: keyword order until 95% of "
-                       f"{'those' if theirs else 'them'} are in; a clear meaning match goes "
-                       f"near the top")
+                how = (f"{theirs}: keyword order, meaning ordering only the embedded "
+                       f"among them, until 95% of {'those' if theirs else 'them'} are in; a "
+                       f"clear meaning match goes near the top")
             elif found is not None and found >= 0.95:
                 how = f"{theirs}: the rest are being embedded"
             else:

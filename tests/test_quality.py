@@ -325,6 +325,26 @@ def test_convex_fusion_counts_an_unembedded_chunk_as_bm25_does():
     assert convex({"bm25": [1], "vector": [4]}, parts, 0.6) == {1: 0.4, 4: 0.6}  # single hits
 
 
+def test_while_vectors_are_coming_embedded_candidates_are_ordered_in_their_own_places():
+    """At partial coverage BM25's candidates that have their vectors are ordered by both
+    signals, but only among the places they hold: one without a vector keeps its place and
+    score, and each place keeps its score (scores still read in rank order)."""
+    from ragd.search.fusion import bm25_order, in_slots
+    parts = {1: {"bm25": 9.0}, 2: {"bm25": 5.0}, 3: {"bm25": 4.0}, 4: {"bm25": 1.0},
+             5: {"vector": 0.9}}
+    lists = {"bm25": [1, 2, 3, 4], "vector": [5]}
+    fused = bm25_order(lists, parts)
+    # 1 has no vector; 2 is far from the query, 4 close to it
+    in_slots(lists, parts, fused, {2: 0.1, 3: 0.5, 4: 0.85}, 0.6)
+    order = sorted(fused, key=lambda c: -fused[c])
+    assert order == [1, 4, 3, 2, 5]
+    assert [fused[c] for c in order[:4]] == [9.0, 5.0, 4.0, 1.0]
+    # one candidate with a vector: nothing to order
+    fused = bm25_order(lists, parts)
+    in_slots(lists, parts, fused, {4: 0.85}, 0.6)
+    assert sorted(fused, key=lambda c: -fused[c]) == [1, 2, 3, 4, 5]
+
+
 def test_feedback_searches_again_from_the_first_fusions_best_chunks(make_daemon, tmp_path):
     """Hybrid search's dense feedback, checked against the stored vectors: the second vector
     search's cosines are exactly those of unit(q + 0.5 x mean of the first fusion's 5 best

@@ -189,8 +189,9 @@ def test_a_source_being_embedded_leaves_the_others_fused(trust_daemon, tmp_path)
             assert res["fusion"].startswith("bm25 order") and res["vector_coverage"] > 0.8, res
             cli = ragctl("--config", d.config, "search", "-k", "5", mixed)
             assert (f"of the index so far, {100 * res['candidate_coverage']:.0f}% of the chunks "
-                    f"these words found first: keyword order until 95% of those are in; a clear "
-                    f"meaning match goes near the top") in cli.stderr, cli.stderr
+                    f"these words found first: keyword order, meaning ordering only the "
+                    f"embedded among them, until 95% of those are in; a clear meaning match "
+                    f"goes near the top") in cli.stderr, cli.stderr
 
 
 def test_a_word_no_note_holds_is_nothing_relevant(trust_daemon):

@@ -11,10 +11,11 @@ import numpy as np
 
 from ragd.text import STOPWORDS, content_terms, plain_words
 
-# Below this share of chunks with a vector, hybrid keeps BM25's scores and order (the vector
-# side only adds what BM25 did not find, after it, and lifts a match by meaning clear enough
-# to trust: Searcher._trusted): a fusion with a partial vector list ranks embedded chunks
-# above the unembedded ones that answer. Above it, the fusion counts a chunk still without a
+# Below this share of chunks with a vector, hybrid keeps BM25's places and scores (the vector
+# side orders the embedded candidates among their own places: in_slots; adds what BM25 did not
+# find, after it; and lifts a match by meaning clear enough to trust: Searcher._trusted): a
+# fusion with a partial vector list ranks embedded chunks above the unembedded ones that
+# answer. Above it, the fusion counts a chunk still without a
 # vector as BM25 does: an edit's few chunks waiting for their vectors do not switch the
 # ranking. Dense feedback needs it too: its first fusion's best chunks would be BM25's alone.
 PARTIAL_FUSION_FROM = 0.95
@@ -110,6 +111,28 @@ def bm25_order(lists: dict[str, list[int]], parts: dict[int, dict]) -> dict[int,
     for rank, cid in enumerate(lists.get("vector", ()), 1):
         fused.setdefault(cid, floor * 0.5 / rank)
     return fused
+
+
+def in_slots(lists: dict[str, list[int]], parts: dict[int, dict], fused: dict[int, float],
+             cosines: dict[int, float], share: float) -> None:
+    """While vectors are coming: BM25's candidates that have their vectors (`cosines`: the
+    query's cosine to each) are ordered among their own places in BM25's list by the convex
+    fusion of the two, each place keeping its score; those without a vector keep theirs. Both
+    signals are known only for those, so only among those does the vectors' opinion decide.
+    The cosines are scaled over the vector list's and theirs together (what it gave:
+    docs/quality.md, "Search while vectors are coming")."""
+    ids = [c for c in lists.get("bm25", ()) if c in cosines]
+    if len(ids) < 2:
+        return
+    bm = lists["bm25"]
+    b = dict(zip(bm, minmax([parts[c]["bm25"] for c in bm])))
+    seen = [parts[c]["vector"] for c in lists.get("vector", ())] + list(cosines.values())
+    lo, hi = min(seen), max(seen)
+    v = {c: (cosines[c] - lo) / (hi - lo) if hi > lo else 1.0 for c in ids}
+    order = sorted(ids, key=lambda c: -((1 - share) * b[c] + share * v[c]))
+    slots = [fused[c] for c in ids]
+    for c, s in zip(order, slots):
+        fused[c] = s
 
 
 def effective_share(share: float, vector_weight: float) -> float:

@@ -36,7 +36,7 @@ from ragd.index.keysonly import VectorsElsewhere
 from ragd.search import bm25, boilerplate, notes
 from ragd.search.filters import Filters
 from ragd.search.fusion import (PARTIAL_FUSION_FROM, Candidate, bm25_order, convex,
-                                effective_share, lift, partial_rrf, unit, vector_weight)
+                                effective_share, in_slots, lift, partial_rrf, unit, vector_weight)
 from ragd.search.ranking import Ranking, Trusted
 from ragd.text import (COMMON_SHARE, HYBRID_COMMON_SHARE, WORD, chunk_rows, content_terms,
                        symbols)
@@ -272,6 +272,7 @@ class Searcher:
             # meaning clear enough to trust is lifted (_trusted)
             r.fusion = "bm25 order: vectors still coming"
             fused, key = bm25_order(lists, parts), None
+            self._in_slots(q, fused, weights)
         elif self.cfg.fusion == "convex" and "vector" in lists:
             r.fusion = "convex"
             share = round(effective_share(self.cfg.vector_share, weights["vector"]), 4)
@@ -292,6 +293,24 @@ class Searcher:
             parts[cid][key] = round(s, 6)
         order = sorted(fused, key=lambda c: -fused[c])
         return [Candidate(c, fused[c], parts[c]) for c in order], key
+
+    def _in_slots(self, q: _Query, fused: dict, weights: dict) -> None:
+        """BM25's candidates with their vectors, in their own places by both (fusion.in_slots)."""
+        if q.query_vector is None:
+            return
+        space, qv = q.query_vector.space, q.query_vector.vector
+        known = {c: q.parts[c]["vector"] for c in q.lists.get("bm25", ())
+                 if "vector" in q.parts[c]}
+        unembedded = set(q.unembedded)
+        want = [c for c in store.indexed(q.lists.get("bm25", ()))
+                if c not in known and c not in unembedded]
+        if want:
+            found, vecs = self.vectors.vectors_of(q.db, space, want)
+            if found:
+                for c, x in zip(found, unit(vecs) @ unit(qv)):
+                    known[c] = q.parts[c]["vector"] = round(float(x), 6)  # (--explain shows it)
+        share = effective_share(self.cfg.vector_share, weights["vector"])
+        in_slots(q.lists, q.parts, fused, known, share)
 
     def _weigh_boilerplate(self, db, ranked: list[Candidate]) -> None:
         """A chunk whose text is in several notes of its source counts less (boilerplate.py)."""
