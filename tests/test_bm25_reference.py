@@ -431,3 +431,15 @@ def test_a_line_whose_match_is_only_in_a_link_target_is_no_jump_line():
     assert m.lines(text, 10) == [12, 13]
     assert m.lines("intro\n![](assets/new-member-onboarding.webp)", 5) == [6]
     assert m.lines("[[Onboarding]] checklist (for new engineers)", 1) == [1]
+
+
+def test_held_agrees_with_the_word_counts(indexed):
+    """bm25.held (a one-row match per token) says a word is held exactly when its count over
+    the chunks (doc_freqs, a walk of its whole list) is above 0: stemmed, folded, split."""
+    from ragd.text import doc_freqs
+    words = ["recurrence", "recurring", "Recurring", "filters", "sourdough", "giraffe",
+             "due-date", "café", "zzqx", "done_date", "e-mail", "réunion", "x", "12"]
+    counts = doc_freqs(indexed, [f'"{w}"' for w in words])
+    got = bm25.held(indexed, words)
+    assert got == [df > 0 for df in counts], list(zip(words, counts, got))
+    assert True in got and False in got  # the words were chosen to give both

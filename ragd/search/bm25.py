@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ragd.protocol import OPERATOR_RUN, fold
 from ragd.search.filters import Filters
-from ragd.text import (COMMON_SHARE, NOTE_WEIGHTS, PHRASE, WEIGHTS, content_terms, doc_freqs,
+from ragd.text import (COMMON_SHARE, NOTE_WEIGHTS, PHRASE, WEIGHTS, content_terms,
                        fts_parts, names, prune_common, symbol_parts, symbols)
 
 @dataclass
@@ -71,10 +71,9 @@ def unknown_names(db: sqlite3.Connection, query: str) -> list[str]:
     if not found:
         return []
     out = []
-    for w, df in zip(found, doc_freqs(db, [f'"{w}"' for w in found])):
+    for w, df in zip(found, held(db, found)):
         if df and "_" in w:
-            df = db.execute("SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT 1",
-                            (f'"{w}"',)).fetchone() is not None
+            df = _any(db, w)
         if not df:
             out.append(w)
     return out
@@ -85,7 +84,20 @@ def unheld_words(db: sqlite3.Connection, query: str) -> list[str]:
     holds: with nothing close in meaning either, a question about something no note mentions
     ("sourdough starter" where only "starter" is in the notes)."""
     words = [w for w in content_terms(query) if not w.startswith('"')]
-    return [w for w, df in zip(words, doc_freqs(db, [f'"{w}"' for w in words])) if not df]
+    return [w for w, df in zip(words, held(db, words)) if not df]
+
+
+def held(db: sqlite3.Connection, words: list[str]) -> list[bool]:
+    """Does some chunk hold each of these words (each of its tokens, in any chunk: as
+    doc_freq > 0)? Asked as a match of one row, not counted: FTS5 counts a word's rows by
+    walking its whole list (at 1M chunks a common word's took longer than the search)."""
+    return [bool(TOKEN.findall(w)) and all(_any(db, t) for t in TOKEN.findall(w))
+            for w in words]
+
+
+def _any(db: sqlite3.Connection, phrase: str) -> bool:
+    return db.execute("SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT 1",
+                      ('"' + phrase.replace('"', '""') + '"',)).fetchone() is not None
 
 
 def _stem(word: str) -> str:
