@@ -49,7 +49,23 @@ def do_start(args) -> int:
                                 stderr=err, start_new_session=True, cwd="/")
         deadline = time.monotonic() + START_TIMEOUT
         delay = 0.01
-        while time.monotonic() < deadline:
+        upgrading = P.upgrading_path(path)
+        told = False
+        while True:
+            if time.monotonic() >= deadline:
+                # an index upgrade (once) can outlast the timeout: waited for, said so, and
+                # the start after it given the usual time
+                try:
+                    what = upgrading.read_text().strip()
+                except OSError:
+                    what = None
+                if what is None and told != "upgrading":
+                    break
+                if what is not None and not told:
+                    print(f"ragd is upgrading its index ({what}; once): waiting for it",
+                          file=sys.stderr, flush=True)
+                told = "upgrading" if what is not None else "upgraded"
+                deadline = time.monotonic() + START_TIMEOUT
             if proc.poll() is not None:
                 err.seek(0)
                 msg = err.read().decode(errors="replace").strip()

@@ -192,6 +192,14 @@ def default_socket_path(data_dir: Path, env=os.environ) -> Path:
     return data_dir / "ragd.sock"
 
 
+def upgrading_path(sock: Path) -> Path:
+    """A file beside the socket while the daemon upgrades its index before answering (a
+    migration: a minute or more at a million chunks): `ragctl start` waits on while it is
+    there, instead of giving up at its usual timeout."""
+    sock = Path(sock)
+    return sock.with_name(sock.name + ".upgrading")
+
+
 def resolve_paths(daemon_table: dict | None, env=os.environ) -> tuple[Path, Path]:
     """(data_dir, socket) from a config's ``[daemon]`` table (may be None) and the environment."""
     table = daemon_table or {}

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 
-from ragd import __version__, config, settings
+from ragd import __version__, config, protocol, settings
 from ragd.engines import models
 from ragd.engines.manager import Engines
 from ragd.events import EventBus
@@ -101,7 +101,7 @@ class Runtime:
         t0 = time.monotonic()
         log.info("ragd %s starting (pid %d, data dir %s, config %s)", __version__, os.getpid(),
                  cfg.data_dir, cfg.path or "built-in defaults")
-        db = store.open_store(cfg.db_path)
+        db = store.open_store(cfg.db_path, protocol.upgrading_path(cfg.socket))
         try:
             (milvus.install if self.backend is not None else milvus.uninstall)(db)
             (textindex.install if self.text is not None else textindex.uninstall)(db)

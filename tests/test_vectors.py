@@ -647,3 +647,47 @@ def test_a_long_note_modified_last_waits_behind_every_notes_opening(make_daemon,
     assert max(heads) <= min(tail), (max(heads), min(tail))
     # the long note's head came first, as the most recently modified
     assert min(t for p, o, t in rows if p.endswith("Log.md")) == min(heads)
+
+
+def test_the_embedding_cache_becomes_a_rowid_table_and_keeps_every_vector(tmp_path):
+    """Migration m013: an index whose embedding cache is a WITHOUT ROWID table (schema 12)
+    keeps every vector, its token count and orphan mark, the Milvus outbox's trigger on it, and
+    its key: a vector stored again for the same text replaces the row. While it runs, the
+    file ragctl start waits on says so; it is gone after."""
+    from ragd.index import milvus, schema, store
+    db = store.connect(tmp_path / "index.sqlite3")
+    for version, step in enumerate(schema.MIGRATIONS[:12]):
+        db.execute("BEGIN IMMEDIATE")
+        step(db)
+        db.execute(f"PRAGMA user_version = {version + 1}")
+        db.execute("COMMIT")
+    table = "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'embeddings'"
+    assert "WITHOUT ROWID" in db.execute(table).fetchone()[0]
+    schema.run_script(db, milvus.TRIGGERS)
+    db.execute("INSERT INTO spaces (id, fingerprint, model, dims, probe, created_at, "
+               "last_used) VALUES (1, 'f', 'm', 384, x'00', 1.0, 1.0)")
+    rows = [(1, f"h{i}", np.arange(384, dtype=np.float32).tobytes() + bytes([i]), 10 + i,
+             i % 2, 1.5, 7.0 if i == 2 else None) for i in range(5)]
+    db.executemany("INSERT INTO embeddings VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    db.close()
+    marker = tmp_path / "run" / "ragd.sock.upgrading"
+    seen = []
+    m013 = schema.MIGRATIONS[12]
+    schema.MIGRATIONS[12] = lambda db: (seen.append(marker.read_text()), m013(db))
+    try:
+        db = store.open_store(tmp_path / "index.sqlite3", marker)
+    finally:
+        schema.MIGRATIONS[12] = m013
+    assert seen == [f"schema 12 -> {store.SCHEMA_VERSION}\n"] and not marker.exists()
+    assert "WITHOUT ROWID" not in db.execute(table).fetchone()[0]
+    got = db.execute("SELECT space, text_hash, vector, tokens, truncated, created_at, "
+                     "orphaned_at FROM embeddings ORDER BY text_hash").fetchall()
+    assert [tuple(r) for r in got] == rows
+    names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE tbl_name = "
+                                      "'embeddings'")}
+    assert {"store_embeddings_ai", "embeddings_orphaned"} <= names, names
+    db.execute("INSERT OR REPLACE INTO embeddings (space, text_hash, vector, tokens, "
+               "truncated, created_at) VALUES (1, 'h0', x'00', 1, 0, 2.0)")
+    assert db.execute("SELECT COUNT(*), MIN(tokens) FROM embeddings").fetchone()[:] == (5, 1)
+    assert db.execute("EXPLAIN QUERY PLAN SELECT vector FROM embeddings WHERE space = 1 AND "
+                      "text_hash = 'h3'").fetchone()[3].startswith("SEARCH")

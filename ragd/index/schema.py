@@ -390,6 +390,45 @@ def m012_text_hash_as_read(db: sqlite3.Connection) -> None:
         log.info("text hashes of %d chunks taken as read (%.1fs)", n, time.monotonic() - t0)
 
 
+@migration
+def m013_embeddings_with_rowid(db: sqlite3.Connection) -> None:
+    """The embedding cache as a rowid table, its (space, text_hash) key a unique index. As a
+    WITHOUT ROWID table each row (a 1.5 KB vector) was a key of the tree, interior pages
+    included: about 8 to a page, the vector's rest on an overflow page, a tree 6-7 deep. A
+    search reads the stored vectors of its 50-odd first candidates (VectorStore.rescore): each
+    lookup took 34-37 us there, 9-12 us now (533k rows of the 1M bench: docs/scaling.md)."""
+    t0 = time.monotonic()
+    trigger = db.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND "
+                         "tbl_name = 'embeddings'").fetchall()
+    run_script(db, """
+        CREATE TABLE embeddings_new (
+            space       INTEGER NOT NULL REFERENCES spaces(id),
+            text_hash   TEXT NOT NULL,
+            vector      BLOB NOT NULL,
+            tokens      INTEGER NOT NULL,
+            truncated   INTEGER NOT NULL DEFAULT 0,
+            created_at  REAL NOT NULL,
+            orphaned_at REAL,
+            PRIMARY KEY (space, text_hash)
+        );
+    """)
+    n = db.execute("""
+        INSERT INTO embeddings_new (space, text_hash, vector, tokens, truncated, created_at,
+                                    orphaned_at)
+            SELECT space, text_hash, vector, tokens, truncated, created_at, orphaned_at
+            FROM embeddings""").rowcount
+    run_script(db, """
+        DROP TABLE embeddings;
+        ALTER TABLE embeddings_new RENAME TO embeddings;
+        CREATE INDEX embeddings_orphaned ON embeddings (orphaned_at) WHERE orphaned_at IS NOT NULL;
+    """)
+    for (sql,) in trigger:  # (the Milvus outbox's: dropped with the table)
+        db.execute(sql)
+    if n > 0:
+        log.info("embedding cache of %d vectors rewritten as a rowid table (%.1fs)", n,
+                 time.monotonic() - t0)
+
+
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

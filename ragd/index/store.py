@@ -166,11 +166,31 @@ def save_reading(db: sqlite3.Connection, sources: dict) -> None:
                (json.dumps(sources, sort_keys=True),))
 
 
-def open_store(path: Path) -> sqlite3.Connection:
+def open_store(path: Path, upgrading: Path | None = None) -> sqlite3.Connection:
+    """The index, its schema brought up to date; `upgrading`: a file that says so while an
+    existing index is migrated (protocol.upgrading_path)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         db = connect(path)
-        migrate(db)
+        found = db.execute("PRAGMA user_version").fetchone()[0]
+        marked = None
+        if upgrading is not None and found == SCHEMA_VERSION:
+            upgrading.unlink(missing_ok=True)  # (a daemon killed while upgrading left it)
+        if 0 < found < SCHEMA_VERSION:
+            log.info("upgrading the index from schema %d to %d (once; a large index takes a "
+                     "minute or more)", found, SCHEMA_VERSION)
+            if upgrading is not None:
+                try:
+                    upgrading.parent.mkdir(parents=True, exist_ok=True)
+                    upgrading.write_text(f"schema {found} -> {SCHEMA_VERSION}\n")
+                    marked = upgrading
+                except OSError as e:  # (only ragctl's patience depends on it)
+                    log.warning("cannot write %s: %s", upgrading, e)
+        try:
+            migrate(db)
+        finally:
+            if marked is not None:
+                marked.unlink(missing_ok=True)
         check_notes(db)
     except sqlite3.DatabaseError as e:
         raise StoreError(f"cannot open the index {path}: {e}") from e
