@@ -356,7 +356,11 @@ class Embedder:
             if cached:
                 self.store.to_matrix(db, space, {h: None for h in cached})
                 space.stored(cached)
-            work = [(h, t) for h, t in texts.items() if h not in cached]
+            # in the queue's order (the query above gives them in its index's): a take that
+            # holds the last of the notes' openings and the first of a long note's rest
+            # embeds the openings first
+            work = [(h, texts[h]) for h in dict.fromkeys(hashes) if h in texts
+                    and h not in cached]
             # Token counting runs ahead in a helper thread (its own engine connection), so the
             # engine is not idle between embedding requests while we tokenize the next texts;
             # and each batch is sent before the one the engine embedded last is stored, so it
