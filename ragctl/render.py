@@ -64,6 +64,10 @@ def _explain(scores: dict, weights: dict | None) -> str:
             out.append(f"{name} rank {scores[name + '_rank']} (score {scores[name]}{w})")
         elif weights and name in weights:
             out.append(f"{name}: not in its top candidates")
+    if "place_of_bm25_rank" in scores:
+        out.append(f"in bm25 rank {scores['place_of_bm25_rank']}'s place: while vectors are "
+                   f"coming the candidates that have theirs are ordered by both in the places "
+                   f"they hold")
     for name, label in (("fused", "fused (convex: the scores scaled over their lists)"),
                         ("rrf", "fused (RRF)")):
         if name in scores:

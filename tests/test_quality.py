@@ -339,6 +339,8 @@ def test_while_vectors_are_coming_embedded_candidates_are_ordered_in_their_own_p
     order = sorted(fused, key=lambda c: -fused[c])
     assert order == [1, 4, 3, 2, 5]
     assert [fused[c] for c in order[:4]] == [9.0, 5.0, 4.0, 1.0]
+    assert parts[4]["place_of_bm25_rank"] == 2 and parts[2]["place_of_bm25_rank"] == 4
+    assert "place_of_bm25_rank" not in parts[3]  # (it kept its own)
     # one candidate with a vector: nothing to order
     fused = bm25_order(lists, parts)
     in_slots(lists, parts, fused, {4: 0.85}, 0.6)

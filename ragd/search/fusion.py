@@ -131,8 +131,11 @@ def in_slots(lists: dict[str, list[int]], parts: dict[int, dict], fused: dict[in
     v = {c: (cosines[c] - lo) / (hi - lo) if hi > lo else 1.0 for c in ids}
     order = sorted(ids, key=lambda c: -((1 - share) * b[c] + share * v[c]))
     slots = [fused[c] for c in ids]
-    for c, s in zip(order, slots):
+    rank = {c: i for i, c in enumerate(bm, 1)}
+    for c, s, held in zip(order, slots, ids):
         fused[c] = s
+        if c != held:  # (--explain: whose place it took)
+            parts[c]["place_of_bm25_rank"] = rank[held]
 
 
 def effective_share(share: float, vector_weight: float) -> float:
