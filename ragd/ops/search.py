@@ -98,6 +98,7 @@ class SearchOps:
         with self.p.reads.conn(snapshot=True) as db:
             # the tantivy searcher holding exactly this snapshot's chunks, or why FTS5 answers
             text_view = text.view(db) if text is not None else None
+            setup = round((time.perf_counter() - t0) * 1e3, 2)
             r = self.p.searcher.run(db, query, k, mode, filters, rerank, group, text_view)
             t = time.perf_counter()
             grouped = notes.group(db, r.candidates, r.reranked, self.p.buffers, r.note_evidence)
@@ -145,6 +146,7 @@ class SearchOps:
                 at = [res["line_start"]] if at else []  # (they were its lines: past its end)
             res["match_lines"] = at
         r.timings["fetch_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        r.timings["setup_ms"] = setup  # (the filters, the snapshot and its tantivy view)
         reply = {"query": query if len(query) <= ECHO_CHARS else query[:ECHO_CHARS] + "…",
                  "mode": r.mode, "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3),
                  "results": results, **r.reply_fields()}

@@ -234,16 +234,20 @@ class Searcher:
         # a hybrid search costs max(embedding, BM25), not their sum — unless the engine's
         # threads take every core: then anything run beside them only slows them (their
         # threads wait for each other at every layer, and one without a core holds up all).
+        t = time.perf_counter()
         embedding, alone = self._embed_query(q.text) if r.mode in ("hybrid", "vector") \
             else (None, False)
-        if alone:
+        if alone:  # (its wall time here: the engine's own, embed_ms, and the hand-overs)
             wait([embedding])
+            r.timings["embed_wait_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if r.mode == "hybrid":
+            t = time.perf_counter()
             space = self.vectors.active
             coverage = self._coverage(q.db, space.vectors) if space is not None else 1.0
             partial = coverage < PARTIAL_FUSION_FROM
             if self._count_words(q):  # the notes' walk can start before the chunks' ranking
                 self._start_notes(q)
+            r.timings["words_ms"] = round((time.perf_counter() - t) * 1e3, 2)
             self._bm25_ranking(q, r, COMMON_SHARE if partial else HYBRID_COMMON_SHARE)
             if partial and (self._embedded_share(q, space.vectors) or 0) >= PARTIAL_FUSION_FROM:
                 # the chunks these words found have their vectors: fused as when all are in
