@@ -394,9 +394,9 @@ def m012_text_hash_as_read(db: sqlite3.Connection) -> None:
 def m013_embeddings_with_rowid(db: sqlite3.Connection) -> None:
     """The embedding cache as a rowid table, its (space, text_hash) key a unique index. As a
     WITHOUT ROWID table each row (a 1.5 KB vector) was a key of the tree, interior pages
-    included: about 8 to a page, the vector's rest on an overflow page, a tree 6-7 deep. A
-    search reads the stored vectors of its 50-odd first candidates (VectorStore.rescore): each
-    lookup took 34-37 us there, 9-12 us now (533k rows of the 1M bench: docs/scaling.md)."""
+    included: few to a page, the vector's rest on an overflow page, a deep tree; and a search
+    reads the stored vectors of its 50-odd first candidates by that key (VectorStore.rescore).
+    The table is restated here, not derived from m002's: a migration says what it builds."""
     t0 = time.monotonic()
     trigger = db.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND "
                          "tbl_name = 'embeddings'").fetchall()

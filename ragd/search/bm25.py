@@ -91,8 +91,8 @@ def held(db: sqlite3.Connection, words: list[str]) -> list[bool]:
     """Does some chunk hold each of these words (each of its tokens, in any chunk: as
     doc_freq > 0)? Asked as a match of one row, not counted: FTS5 counts a word's rows by
     walking its whole list (at 1M chunks a common word's took longer than the search)."""
-    return [bool(TOKEN.findall(w)) and all(_any(db, t) for t in TOKEN.findall(w))
-            for w in words]
+    tokens = [TOKEN.findall(w) for w in words]
+    return [bool(ts) and all(_any(db, t) for t in ts) for ts in tokens]
 
 
 def _any(db: sqlite3.Connection, phrase: str) -> bool:
