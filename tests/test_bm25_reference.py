@@ -443,3 +443,59 @@ def test_held_agrees_with_the_word_counts(indexed):
     got = bm25.held(indexed, words)
     assert got == [df > 0 for df in counts], list(zip(words, counts, got))
     assert True in got and False in got  # the words were chosen to give both
+
+
+def test_held_from_tantivy_agrees_with_fts5(indexed, tantivy_index):
+    """Where tantivy serves, bm25.held reads its document frequencies of the words' index
+    tokens instead of matching FTS5 (search's unheld words): the same answers."""
+    words = ["recurrence", "recurring", "Recurring", "filters", "sourdough", "giraffe",
+             "due-date", "café", "zzqx", "done_date", "e-mail", "réunion", "x", "12",
+             "starter", "Dataview"]
+    searcher, why = tantivy_index.view(indexed)
+    assert why == "tantivy"
+    fts5 = bm25.held(indexed, words)
+    assert bm25.held(indexed, words, (tantivy_index, searcher)) == fts5
+    assert True in fts5 and False in fts5
+    query = "how do I bake sourdough bread with recurring filters"
+    assert bm25.unheld_words(indexed, query, (tantivy_index, searcher)) == \
+        bm25.unheld_words(indexed, query) == ["bake", "sourdough"]
+
+
+@pytest.mark.parametrize("query", QUERIES + ["sync tasks with google calendar",
+                                             "recurring tasks recurring dates 🔁"])
+def test_confidence_is_the_best_notes_share_of_the_weighted_words(indexed, tantivy_index,
+                                                                  query):
+    """notes.confidence gives up on a note once it cannot beat the best so far and skips the
+    words no chunk holds; the figure is still, word by word, the largest IDF-weighted share of
+    the query's words one of the first notes holds (FTS5 and tantivy alike)."""
+    from ragd.search import notes
+    from ragd.search.fusion import Candidate
+    from ragd.text import chunk_rows, doc_freq, sign_word
+    words = list(dict.fromkeys(
+        [w for w in content_terms(query) if not w.startswith('"')]
+        + [sign_word(s) for s in dict.fromkeys(symbols(query))]))
+    rows = chunk_rows(indexed)
+    weight = {}
+    for w in words:
+        df = doc_freq(indexed, f'"{w}"')
+        weight[w] = math.log((rows + 1) / (df + 0.5)) if df else math.log(rows + 1)
+    # the notes: the files of the chunks BM25 ranks first, and one holding none of the words
+    hits = bm25.search(indexed, query, 60)
+    fids = list(dict.fromkeys(indexed.execute(
+        "SELECT file_id FROM chunks WHERE id = ?", (h.chunk_id,)).fetchone()[0] for h in hits))
+    assert len(fids) >= 3
+    for order in (fids[:3], fids[2::-1], [fids[5], fids[1], fids[0]]):
+        ns = [notes.Note(f, 1.0, [Candidate(indexed.execute(
+            "SELECT MIN(id) FROM chunks WHERE file_id = ?", (f,)).fetchone()[0], 1.0, {})])
+            for f in order]
+        shares = []
+        for f in order:
+            have = sum(weight[w] for w in words if indexed.execute(
+                "SELECT 1 FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid IN "
+                "(SELECT id FROM chunks WHERE file_id = ?)", (f'"{w}"', f)).fetchone())
+            shares.append(have / sum(weight.values()))
+        want = round(max(shares), 3)
+        assert notes.confidence(indexed, query, ns) == want, (order, shares)
+        searcher, why = tantivy_index.view(indexed)
+        assert abs(notes.confidence(indexed, query, ns, None, (tantivy_index, searcher))
+                   - want) <= 0.002, (order, shares)

@@ -118,14 +118,13 @@ class SearchOps:
                     grouped, lambda n: any(c.chunk_id == cid for c in n.chunks), r.trusted.rank)
             if not r.filtered_out:
                 self._named_first(db, query, filters, r, grouped, group)
-            conf = notes.confidence(
-                db, query, grouped, self.p.buffers,
-                (text, text_view[0]) if text_view and text_view[0] else None
-            ) if grouped else None
+            served = (text, text_view[0]) if text_view and text_view[0] else None
+            conf = notes.confidence(db, query, grouped, self.p.buffers, served) \
+                if grouped else None
             unknown = bm25.unknown_names(db, query) if grouped else []
             # a weak best match by meaning, and a word no note holds: the notes likely do not
             # answer, however rare the words they do hold are (confidence weighs by rarity)
-            unheld = bm25.unheld_words(db, query) if grouped and (
+            unheld = bm25.unheld_words(db, query, served) if grouped and (
                 r.weak_meaning or r.below_threshold) else []
             if group == "note":
                 results = self.results.notes(db, grouped, k, query, r.note_evidence, second)

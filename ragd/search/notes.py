@@ -138,24 +138,36 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
     if not words or not notes:
         return None if not words else 0.0
     rows = chunk_rows(db)
-    weights = {}
+    weights, held = {}, {}
     for i, w in enumerate(words):
         if stems is not None:
             df = min((text.doc_freq(searcher, t) for t in stems[i]), default=0)
         else:
             df = doc_freq(db, f'"{w}"')
         weights[w] = math.log((rows + 1) / (df + 0.5)) if df else math.log(rows + 1)
+        held[w] = df > 0
     total = sum(weights.values())
+    # the heaviest words first: a note that misses them is given up on soonest (below)
+    first: dict[str, int] = {}
+    for i, w in enumerate(words):  # (a word counts once)
+        first.setdefault(w, i)
+    order = sorted(first.values(), key=lambda i: -weights[words[i]])
     best = 0.0
     for note in notes[:CONFIDENCE_NOTES]:
-        have = 0.0
+        have, left = 0.0, total
         buffered = None
         if store.unsaved(note.file_id) and overlay is not None:  # an unsaved buffer: its own words
             hit = overlay.chunk(note.best.chunk_id)
             buffered = set().union(*(c.stems for c in hit[0].chunks)) if hit else set()
-        for i, (w, weight) in enumerate(weights.items()):
+        for i in order:
+            if have + left <= best * total:  # this note cannot be the best one any more
+                break
+            w = words[i]
+            left -= weights[w]
             if buffered is not None:
                 found = bool(set(bm25_stems(db, w)) & buffered)
+            elif not held[w]:  # no chunk holds it: none of this note's
+                found = False
             elif stems is not None:
                 found = bool(stems[i]) and text.in_file(searcher, stems[i], note.file_id)
             else:
@@ -163,8 +175,10 @@ def confidence(db: sqlite3.Connection, query: str, notes: list[Note],
                                    "IN (SELECT id FROM chunks WHERE file_id = ?) LIMIT 1",
                                    (f'"{w}"', note.file_id)).fetchone() is not None
             if found:
-                have += weight
+                have += weights[w]
         best = max(best, have / total)
+        if best >= 1.0:  # (no note can hold more than every word)
+            break
     return round(best, 3)
 
 
