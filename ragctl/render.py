@@ -62,6 +62,8 @@ def _explain(scores: dict, weights: dict | None) -> str:
         if f"{name}_rank" in scores:
             w = f", weight {weights[name]}" if weights and name in weights else ""
             out.append(f"{name} rank {scores[name + '_rank']} (score {scores[name]}{w})")
+        elif name in scores:  # its cosine read for a BM25 candidate (vectors still coming)
+            out.append(f"{name}: not in its top candidates; cosine {scores[name]}")
         elif weights and name in weights:
             out.append(f"{name}: not in its top candidates")
     if "place_of_bm25_rank" in scores:

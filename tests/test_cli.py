@@ -188,3 +188,18 @@ def test_a_word_with_diacritics_is_marked_as_the_index_matched_it():
     assert "\033[1;31mcafé\033[0m" in _mark(text, _terms("cafe"), True)
     assert "\033[1;31m≠\033[0m" in _mark("x ≠ y", _terms("≠"), True)  # a sign stays itself
     assert _mark("good, we go", _terms("go"), True) == "good, we \033[1;31mgo\033[0m"
+
+
+def test_explain_gives_the_cosine_of_a_candidate_outside_the_vectors_top():
+    """While vectors are coming, a BM25 candidate with its vector is ordered by its cosine
+    though the vector search did not rank it: --explain gives that cosine, not only "not in
+    its top candidates"."""
+    from ragctl.render import _explain
+    w = {"bm25": 1.0, "vector": 1.0}
+    moved = _explain({"bm25": 3.2, "bm25_rank": 7, "vector": 0.61, "place_of_bm25_rank": 2}, w)
+    assert "vector: not in its top candidates; cosine 0.61" in moved
+    assert "in bm25 rank 2's place" in moved
+    assert "vector: not in its top candidates" in _explain({"bm25": 3.2, "bm25_rank": 7}, w)
+    assert "cosine" not in _explain({"bm25": 3.2, "bm25_rank": 7}, w)
+    ranked = _explain({"bm25": 3.2, "bm25_rank": 7, "vector": 0.7, "vector_rank": 1}, w)
+    assert "vector rank 1 (score 0.7" in ranked and "not in" not in ranked
