@@ -6,6 +6,7 @@ its own reasons, a tiny chunk never stands alone for a note, and boilerplate wei
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -106,6 +107,46 @@ def test_the_note_only_meaning_finds_is_in_the_top_three(trust_daemon):
         assert hyb["trusted"]["result"] == at, hyb["trusted"]
         r = ragctl("--config", d.config, "search", "--explain", "-k", "5", HOUSEPLANT)
         assert f"(result {at} holds the chunk the vectors rank first" in r.stdout, r.stdout
+
+
+# A fresh user's own fig note (2026-12-07), in the Tasks docs: the query's cosine to it is
+# just short of the threshold + MEANING_MARGIN, and far above any other note's
+FIG_TERSE = ("# Fiddle-leaf fig\n\nMy fiddle-leaf fig in the living room has started dropping "
+             "leaves. Brown spots appeared first on the\nlower ones, then they fell off. "
+             "Probably overwatering, or the draught from the window in winter.\nMoved it away "
+             "from the radiator and will water only when the top 5 cm of soil is dry.\n"
+             "offline edit: pangolinsoup\n")
+
+
+def test_a_lead_over_every_other_note_makes_a_match_by_meaning_clear(make_daemon, tmp_path):
+    """The vectors put the fig note first at a cosine a little short of the threshold + the
+    margin, far ahead of any other note; BM25 and dense feedback favour the Tasks docs' notes
+    on "show tree". At full coverage that lead makes the match clear: hybrid keeps the note in
+    its top three (it came 4th) and --explain names it."""
+    from conftest import VAULTS
+    from ragd.engines.models import REGISTRY
+    from ragd.search.hybrid import MEANING_GAP, MEANING_MARGIN
+    root = small_vault(tmp_path / "vault")
+    (root / "Queries").mkdir()
+    for name in ("Layout.md", "Query File Defaults.md", "About Queries.md"):
+        shutil.copy(VAULTS / "obsidian-tasks-docs" / "Queries" / name, root / "Queries" / name)
+    (root / "Fiddle leaf fig.md").write_text(FIG_TERSE)
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "obsidian"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        vec = d.call("search", query=HOUSEPLANT, mode="vector", k=5)
+        assert rank_of(vec, "Fiddle leaf fig.md") == 1, vec["results"]
+        hyb = d.call("search", query=HOUSEPLANT, k=5)
+        assert hyb["vector_coverage"] == 1.0
+        at = rank_of(hyb, "Fiddle leaf fig.md")
+        assert at is not None and at <= 3, [(r["path"], r["scores"]) for r in hyb["results"]]
+        trusted = hyb.get("trusted")
+        assert trusted is not None and trusted["result"] == at, trusted
+        # what this test is about: short of the margin, far ahead of the other notes
+        thr = REGISTRY["all-MiniLM-L6-v2"].min_similarity
+        assert trusted["cosine"] < thr + MEANING_MARGIN, trusted
+        assert trusted["gap"] >= 2 * MEANING_GAP, trusted
 
 
 def test_the_note_only_meaning_finds_while_most_vectors_are_missing(trust_daemon):

@@ -45,8 +45,9 @@ MODES = ("hybrid", "vector", "bm25")
 
 # When no chunk holds a word of the query, a match by meaning alone must be this much above
 # the similarity threshold to be shown (Searcher._anything_relevant); a vector first hit this
-# far above it is trusted (Searcher._trusted) when it also stands this far above the best
-# chunk of any other note (MEANING_GAP): the vectors single out one note. Without the gap the
+# far above it is trusted (Searcher._trusted) when it also stands MEANING_GAP above the best
+# chunk of any other note: the vectors single out one note (with every vector in, twice that
+# lead stands in for a shorter margin, out of the weak band). Without the gap the
 # lift put a note that was not the answer at rank 3 in half the dev set's searches at 10%
 # vector coverage, each pushing the answers below down one (docs/quality.md).
 MEANING_MARGIN = 0.1
@@ -179,7 +180,7 @@ class Searcher:
             key = "vector" if r.mode == "vector" else "bm25"
             ranked = [Candidate(c, q.parts[c][key], q.parts[c]) for c in q.lists.get(key, [])]
         self._weigh_boilerplate(db, ranked)
-        r.trusted = self._trusted(q.first, r.mode)
+        r.trusted = self._trusted(q.first, r.mode, r.fusion_coverage)
         r.timings["fusion_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         if rerank is None:  # the default: rerank when a reranker is configured
             rerank = self.cfg.rerank and "reranker" in self.engines.configured
@@ -472,18 +473,26 @@ class Searcher:
             return None
         return q.parts[first]["vector"] - q.parts[other]["vector"]
 
-    def _trusted(self, first, mode: str) -> Trusted | None:
+    def _trusted(self, first, mode: str, coverage: float = 1.0) -> Trusted | None:
         """The chunk the vectors rank first for the query itself (before dense feedback; not
         boilerplate) when its cosine clears the threshold by MEANING_MARGIN and the best chunk
         of any other note by MEANING_GAP: a match by meaning this clear is never buried under
         keyword matches of the question's words ("why is my indoor tree losing its foliage"
-        put the only note that answers behind AVL trees). Hybrid only; its note is lifted to
+        put the only note that answers behind AVL trees). With every vector in (`coverage`),
+        a lead of twice MEANING_GAP over the other notes stands in for a margin short of
+        MEANING_MARGIN, though not in the weak band (a fig note at cosine 0.399, 0.16 above
+        any other note, came 4th behind notes on "show tree"); while vectors are coming the
+        other notes are the few embedded so far, and such a lead says less (at 10% it lifted a
+        note above an answer of the held-out set). Hybrid only; its note is lifted to
         TRUSTED_RANK."""
         thr = self.threshold()
-        if first is None or mode != "hybrid" or thr <= 0 or first[1] < thr + MEANING_MARGIN:
+        if first is None or mode != "hybrid" or thr <= 0 or first[1] < thr + WEAK_MEANING:
             return None
         cid, cosine, gap = first
         if gap is not None and gap < MEANING_GAP:
+            return None
+        if cosine < thr + MEANING_MARGIN and (
+                coverage < PARTIAL_FUSION_FROM or gap is None or gap < 2 * MEANING_GAP):
             return None
         return Trusted(cid, round(cosine, 4), TRUSTED_RANK,
                        gap=None if gap is None else round(gap, 4))
