@@ -80,6 +80,12 @@ def keep_private(cfg: config.Config) -> str | None:
             tighten(folder)
             for f in files:
                 tighten(os.path.join(folder, f))
+    return open_warning(top)
+
+
+def open_warning(top: str) -> str | None:
+    """The warning to give while the data dir lets other users in, else None (asked again by
+    each status: a 'chmod 700' ends it at once)."""
     try:
         mode = os.stat(top).st_mode
     except OSError:
@@ -143,7 +149,8 @@ def main(argv=None) -> int:
         rt = Runtime(cfg, args.config, args.source)
         if open_dir:
             log.warning("%s", open_dir)
-            rt.parts.notices.append(open_dir)
+            top = str(cfg.data_dir)
+            rt.parts.notices.append(lambda: open_warning(top))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: rt.stop())
         signal.signal(signal.SIGHUP, lambda signum, frame: rt.request_reload())

@@ -965,6 +965,8 @@ def test_what_ragd_writes_is_private_whatever_the_umask(make_daemon, tmp_path):
         assert _open_to_others(data) == [f"{data} 755"]
         hint = [h for h in st["hints"] if "open to other users" in h]
         assert hint and f"chmod 700 {data}" in hint[0], st["hints"]
+        os.chmod(data, 0o700)  # as the hint says: the next status has nothing to say of it
+        assert not any("open to other" in h for h in d.call("status")["hints"])
     assert "is open to other users (mode 755)" in (data / "ragd.log").read_text()
     # a data dir of its own making: private, nothing to say
     fresh = tmp_path / "fresh"

@@ -36,7 +36,8 @@ class Parts:
     # the settings changed in the config since the start that only a restart applies (the
     # last reload's)
     restart_needed: list[str] = field(default_factory=list)
-    notices: list[str] = field(default_factory=list)  # found at start, shown in status' hints
+    # found at start, shown in status' hints: a text, or a function giving it while it holds
+    notices: list = field(default_factory=list)
     # why a model the config file names cannot serve (the last reload's: a refused embedding
     # model, a reranker or generator for the next start): said until a reload clears it, not
     # only in that reload's reply

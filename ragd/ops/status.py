@@ -78,7 +78,8 @@ class StatusOps:
             counts = store.source_counts(db)
             engines = self.engines_status()
             aside = store.removed_sources(db)
-        hints = sorted(self.p.indexer.hints) + self.p.cfg.overlaps + self.p.notices
+        notices = [n() if callable(n) else n for n in self.p.notices]
+        hints = sorted(self.p.indexer.hints) + self.p.cfg.overlaps + [n for n in notices if n]
         for name, r in sorted(aside.items()):
             if self.p.cfg.source(name) is None:  # (else: being restored)
                 until = time.strftime("%Y-%m-%d %H:%M", time.localtime(
