@@ -154,7 +154,7 @@ def do_watch(args) -> int:
         what = _one_line(str(e.get("path") or e.get("message") or ""))
         extra = "".join(f" {k}={_one_line(str(e[k]))}"
                         for k in ("chunks", "from_path", "reason", "lost_before") if k in e)
-        print(f"{stamp} {e['event']:<10} {what}{extra}", flush=True)
+        print(f"{stamp} {e['event']:<10} {what}{extra}".rstrip(), flush=True)
 
     with connect(args, timeout=None) as c:
         req = c.send("events")

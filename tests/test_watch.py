@@ -805,6 +805,7 @@ def test_ragctl_watch_prints_one_line_per_event_whatever_the_name(make_daemon, t
             watch.kill()
     assert watch.returncode == 0 and err == "", err
     assert out.splitlines()[-1].endswith(" stopped    ragd stopped"), out
+    assert out.splitlines()[0].endswith(" subscribed"), out  # (no padding after the word)
     indexed = [ln for ln in out.splitlines() if " indexed " in ln]
     assert any(ln.endswith("line\\nbreak.md chunks=1") for ln in indexed), out
     assert any("evil\\u202etxt.md" in ln for ln in indexed), out
