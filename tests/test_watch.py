@@ -810,3 +810,35 @@ def test_ragctl_watch_prints_one_line_per_event_whatever_the_name(make_daemon, t
     assert any(ln.endswith("line\\nbreak.md chunks=1") for ln in indexed), out
     assert any("evil\\u202etxt.md" in ln for ln in indexed), out
     assert "\u202e" not in out
+
+
+def test_a_large_note_does_not_hold_up_the_small_ones_saved_after_it(make_daemon, tmp_path):
+    """A note over loader.SLOW_BYTES (here a 3 MB export on one line) is read and chunked on
+    the slow lane, as a PDF is: a small note saved just after it is indexed first, and the
+    large one is indexed whole after it. (On the main lane, a 5 MB one-line note held a small
+    note back 14 s.)"""
+    from ragd.ingest import loader
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "a.md").write_text("# a\n\nA note about lemurs.\n")
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}],
+                    extra='[embedding]\nmodel = ""\n[watch]\nquiet_ms = 50\n')
+    words = [f"quokka{i % 5000}" for i in range(330_000)]
+    big = "# Export\n\n" + " ".join(words) + "\n"
+    assert len(big) > 3 * loader.SLOW_BYTES
+    with d:
+        d.wait_idle()
+        with d.client(timeout=60) as c:
+            events = c.replies(c.send("events"))
+            assert next(events)["result"]["event"] == "subscribed"
+            (root / "export.md").write_text(big)
+            (root / "small.md").write_text("# Small\n\nA note about wombats.\n")
+            order = []
+            while len(order) < 2:
+                e = next(events)["result"]
+                if e["event"] == "indexed":
+                    order.append((Path(e["path"]).name, e["chunks"]))
+        assert order[0] == ("small.md", 1), order
+        assert order[1][0] == "export.md" and order[1][1] > 100, order
+        res = d.call("search", query="quokka4999", mode="bm25", k=3)
+        assert [Path(r["path"]).name for r in res["results"]] == ["export.md"], res

@@ -37,6 +37,7 @@ import functools
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -378,6 +379,24 @@ class Indexer(RemovedSources, Scans, Writes):
                     continue
                 return Item(name, rel, force)
 
+    def _large(self, item: Item) -> bool:
+        """A file past loader.SLOW_BYTES goes to the slow lane, as a PDF does (True), so the
+        files after it are not held up while it is read and chunked. Its size is asked here,
+        on the indexer's thread and outside the lock (a stat may hang on a mount)."""
+        src = self._source(item.source)
+        if src is None or item.old is not None or item.prepared is not None:
+            return False
+        try:
+            size = os.stat(src.root / item.rel).st_size
+        except OSError:  # (gone, or unreadable: the main lane says which)
+            return False
+        if not loader.is_slow(item.rel, size):
+            return False
+        with self._cv:
+            self._slow[(item.source, item.rel)] = False
+            self._slow_lane.submit(self._prepare_slow, src, item.rel, item.force)
+        return True
+
     def _prepare_slow(self, src: Source, rel: str, force: bool) -> None:
         prepared = self._prepare(src, rel, force)
         with self._cv:
@@ -397,6 +416,8 @@ class Indexer(RemovedSources, Scans, Writes):
                 item = self._take(live)
                 if item is None:
                     break
+                if self._large(item):
+                    continue
                 self._prepare_item(item, live)
                 batch.append(item)
             if not batch:

@@ -17,10 +17,13 @@ MARKDOWN = (".md", ".markdown")
 # '->') is in the index.
 PARSER = 5
 SLOW = (".pdf",)  # read through a helper program, which may take seconds: off the main lane
+# A file this large is read and chunked off the main lane too (0.1-0.35 s a MB; a 5 MB note
+# held up the small notes saved after it), whatever its type
+SLOW_BYTES = 1 << 20
 
 
-def is_slow(rel: str) -> bool:
-    return Path(rel).suffix.lower() in SLOW
+def is_slow(rel: str, size: int | None = None) -> bool:
+    return Path(rel).suffix.lower() in SLOW or (size is not None and size > SLOW_BYTES)
 
 
 @dataclass
