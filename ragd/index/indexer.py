@@ -374,8 +374,7 @@ class Indexer(RemovedSources, Scans, Writes):
                     continue
                 src = self._source(name)
                 if src is not None and loader.is_slow(rel):
-                    self._slow[key] = False
-                    self._slow_lane.submit(self._prepare_slow, src, rel, force)
+                    self._to_slow_lane(src, rel, force)
                     continue
                 return Item(name, rel, force)
 
@@ -393,9 +392,13 @@ class Indexer(RemovedSources, Scans, Writes):
         if not loader.is_slow(item.rel, size):
             return False
         with self._cv:
-            self._slow[(item.source, item.rel)] = False
-            self._slow_lane.submit(self._prepare_slow, src, item.rel, item.force)
+            self._to_slow_lane(src, item.rel, item.force)
         return True
+
+    def _to_slow_lane(self, src: Source, rel: str, force: bool) -> None:
+        """Hand the file to the slow lane; the queue waits for it there (self._cv held)."""
+        self._slow[(src.name, rel)] = False
+        self._slow_lane.submit(self._prepare_slow, src, rel, force)
 
     def _prepare_slow(self, src: Source, rel: str, force: bool) -> None:
         prepared = self._prepare(src, rel, force)

@@ -120,8 +120,8 @@ def _split_line(line_text: str, line: int, budget: int) -> list[_Piece]:
             out.append(_Piece(line, line, sentence, est_tokens(sentence), False, a, b))
             continue
         # cut at spaces, up to the budget. The count of line_text[start:end] is kept as the
-        # words come (no _PIECE match spans a space): counted again for each word, a 5 MB
-        # one-line note took 17 s to chunk, and every other file waited behind it
+        # words come (no _PIECE match spans a space): counted again at each word, cutting a
+        # long line was quadratic in its pieces, and the indexer's lane waited on it
         start = end = a
         count = 0
         for wa, wb in _spans(sentence, _SPACE, a):

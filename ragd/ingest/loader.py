@@ -17,8 +17,8 @@ MARKDOWN = (".md", ".markdown")
 # '->') is in the index.
 PARSER = 5
 SLOW = (".pdf",)  # read through a helper program, which may take seconds: off the main lane
-# A file this large is read and chunked off the main lane too (0.1-0.35 s a MB; a 5 MB note
-# held up the small notes saved after it), whatever its type
+# A file this large is read and chunked off the main lane too, whatever its type: its chunking
+# takes long enough to hold up the small notes saved after it
 SLOW_BYTES = 1 << 20
 
 

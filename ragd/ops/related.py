@@ -115,12 +115,13 @@ class RelatedOps:
                 else "no other note is close in meaning" + (
                     f": the best similarity {weak:.3f} is below the threshold {thr:.3f}"
                     if weak is not None else "")
-            if coverage < 1.0:  # (an embedded note's kin may not be in yet)
-                out["reason"] += (f"; vectors cover {100 * coverage:.0f}% of the index so far: "
-                                  f"notes not embedded yet are not compared")
-        elif coverage < 1.0:
-            out["note"] = (f"vectors cover {100 * coverage:.0f}% of the index so far: notes not "
-                           f"embedded yet are not compared")
+        if coverage < 1.0:  # (an embedded note's kin may not be in yet)
+            said = (f"vectors cover {100 * coverage:.0f}% of the index so far: notes not "
+                    f"embedded yet are not compared")
+            if rows:
+                out["note"] = said
+            else:
+                out["reason"] += "; " + said
         return out
 
     def _file_row(self, db, p: str):

@@ -90,10 +90,9 @@ def unheld_words(db: sqlite3.Connection, query: str, text=None) -> list[str]:
 def held(db: sqlite3.Connection, words: list[str], text=None) -> list[bool]:
     """Does some chunk hold each of these words (each of its tokens, in any chunk: as
     doc_freq > 0)? Asked as a match of one row, not counted: FTS5 counts a word's rows by
-    walking its whole list (at 1M chunks a common word's took longer than the search).
+    walking its whole list, which for a common word in a large index outlasts the search.
     `text`: (the tantivy index, the searcher of this snapshot), when it serves: its document
-    frequencies of the words' index tokens are read, not matched (one FTS5 match a token was
-    0.8 ms of a search at 1M chunks)."""
+    frequencies of the words' index tokens are read (it keeps one for each term), not matched."""
     index, searcher = text if text is not None else (None, None)
     if searcher is not None:
         stems = [t.split() for t in word_tokens(db, words)]

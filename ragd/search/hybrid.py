@@ -480,11 +480,9 @@ class Searcher:
         keyword matches of the question's words ("why is my indoor tree losing its foliage"
         put the only note that answers behind AVL trees). With every vector in (`coverage`),
         a lead of twice MEANING_GAP over the other notes stands in for a margin short of
-        MEANING_MARGIN, though not in the weak band (a fig note at cosine 0.399, 0.16 above
-        any other note, came 4th behind notes on "show tree"); while vectors are coming the
-        other notes are the few embedded so far, and such a lead says less (at 10% it lifted a
-        note above an answer of the held-out set). Hybrid only; its note is lifted to
-        TRUSTED_RANK."""
+        MEANING_MARGIN, though not in the weak band: the vectors single out that note however
+        close the bar. While vectors are coming the other notes are only the few embedded so
+        far, and such a lead says little. Hybrid only; its note is lifted to TRUSTED_RANK."""
         thr = self.threshold()
         if first is None or mode != "hybrid" or thr <= 0 or first[1] < thr + WEAK_MEANING:
             return None
