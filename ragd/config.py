@@ -126,15 +126,20 @@ def _type_name(value: Any) -> str:
             dict: "table"}.get(type(value), type(value).__name__)
 
 
-def _check(where: str, key: str, value: Any, expected) -> None:
+def _type_problem(key: str, value: Any, expected) -> str | None:
+    """Why a value is not of its setting's type, or None."""
     # bool is a subclass of int; a config saying `chunk_tokens = true` is a mistake. An integer
     # is a fine float.
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return
+        return None
     ok = isinstance(value, expected) and not (expected in (int, float) and isinstance(value, bool))
-    if not ok:
-        raise ConfigError(f"{where}: {key} must be {_TYPE_NAMES.get(expected, expected)}, "
-                          f"got {_type_name(value)} {value!r}")
+    return None if ok else (f"{key} must be {_TYPE_NAMES.get(expected, expected)}, "
+                            f"got {_type_name(value)} {value!r}")
+
+
+def _check(where: str, key: str, value: Any, expected) -> None:
+    if (why := _type_problem(key, value, expected)):
+        raise ConfigError(f"{where}: {why}")
 
 
 def load(cli_path: str | os.PathLike | None = None, env=os.environ,
@@ -160,66 +165,95 @@ def load(cli_path: str | os.PathLike | None = None, env=os.environ,
 
 
 def from_dict(raw: dict, path: Path | None, env=os.environ, extra_sources=()) -> Config:
+    """The checked Config of a parsed file. Every problem is named, not only the first: a
+    user fixing a config (or a reload refused) learns all there is to fix at once."""
     where = str(path) if path else "built-in defaults"
+    problems: list[str] = []
+
+    def check(fn, *args):  # a check that raises ConfigError: its problem noted, None returned
+        try:
+            return fn(*args)
+        except ConfigError as e:
+            problems.append(str(e).removeprefix(f"{where}: "))
+            return None
+
     for key in raw:
         if key not in SCHEMA and key != "sources":
-            raise ConfigError(f"{where}: unknown key '{key}' (known: "
-                              f"{', '.join(sorted([*SCHEMA, 'sources']))})")
+            problems.append(f"unknown key '{key}' (known: "
+                            f"{', '.join(sorted([*SCHEMA, 'sources']))})")
+    tables: dict[str, dict] = {}
     for table, keys in SCHEMA.items():
         given = raw.get(table, {})
-        _check(where, table, given, dict)
+        if (why := _type_problem(table, given, dict)):
+            problems.append(why)
+            given = {}
+        tables[table] = given
         for key in given:
             if key not in keys:
-                raise ConfigError(f"{where}: unknown key '{table}.{key}' (known: "
-                                  f"{', '.join(f'{table}.{k}' for k in keys)})")
-    # field -> value; types first, for every key, then each setting's choices and bounds
+                problems.append(f"unknown key '{table}.{key}' (known: "
+                                f"{', '.join(f'{table}.{k}' for k in keys)})")
+    # field -> value; types first, for every key, then each setting's choices and bounds (a
+    # value of the wrong type is checked no further: the default stands in for it meanwhile)
     values: dict[str, Any] = {}
+    wrong: set[str] = set()
     for s in SETTINGS:
-        value = raw.get(s.section, {}).get(s.key, s.default)
+        value = tables[s.section].get(s.key, s.default)
         if value is not None:  # None: absent and computed later (e.g. registry prefixes)
-            _check(where, s.name, value, s.type)
-            if s.type is float:
+            if (why := _type_problem(s.name, value, s.type)):
+                problems.append(why)
+                wrong.add(s.field)
+                value = s.default
+            elif s.type is float:
                 value = float(value)
         values[s.field] = value
     for s in SETTINGS:
-        if values[s.field] is not None and (why := s.problem(values[s.field])):
-            raise ConfigError(f"{where}: {why}")
+        if s.field not in wrong and values[s.field] is not None and (
+                why := s.problem(values[s.field])):
+            problems.append(why)
+            wrong.add(s.field)
     v = values
     data_dir, sock = protocol.resolve_paths({"data_dir": v["data_dir"], "socket": v["socket"]},
                                             env)
     if len(os.fsencode(sock)) > 100:
-        raise ConfigError(f"{where}: daemon.socket: path {sock} is too long for a Unix socket "
-                          f"(at most 100 bytes); set a shorter one")
+        problems.append(f"daemon.socket: path {sock} is too long for a Unix socket "
+                        f"(at most 100 bytes); set a shorter one")
 
     raw_sources = raw.get("sources", [])
-    _check(where, "sources", raw_sources, list)
-    sources = [_source(where, i, s) for i, s in enumerate(raw_sources)]
+    if (why := _type_problem("sources", raw_sources, list)):
+        problems.append(why)
+        raw_sources = []
+    sources = [s for s in (check(_source, where, i, s) for i, s in enumerate(raw_sources))
+               if s is not None]
     for i, p in enumerate(extra_sources):
-        sources.append(_source_from_cli(where, p, i))
+        if (s := check(_source_from_cli, where, p, i)) is not None:
+            sources.append(s)
     seen: set[str] = set()
     folders: dict[str, Source] = {}
     for s in sources:
         if s.name in seen:
-            raise ConfigError(f"{where}: two sources are named {s.name!r}; names must be unique")
+            problems.append(f"two sources are named {s.name!r}; names must be unique")
         seen.add(s.name)
         # one folder, one source: two would index every file twice, and every search would
         # show each note twice (a folder's files of two kinds: one source, its include)
         other = folders.setdefault(os.path.realpath(s.root), s)
         if other is not s:
-            raise ConfigError(f"{where}: sources {other.name!r} and {s.name!r} are the same "
-                              f"folder ({s.root}); a folder is one source (its include and "
-                              f"exclude choose its files)")
+            problems.append(f"sources {other.name!r} and {s.name!r} are the same folder "
+                            f"({s.root}); a folder is one source (its include and exclude "
+                            f"choose its files)")
 
-    if v["llama_server"]:
-        _existing_file(where, "engines.llama_server", v["llama_server"])
+    if v["llama_server"] and "llama_server" not in wrong:
+        check(_existing_file, where, "engines.llama_server", v["llama_server"])
     collection = v["store_collection"]
     if not collection.replace("_", "").isalnum() or not collection[:1].isalpha():
-        raise ConfigError(f"{where}: store.collection must be letters, digits and _, starting "
-                          f"with a letter; got {collection!r}")
-    if v["generator_max_tokens"] >= v["generator_context"]:
-        raise ConfigError(f"{where}: generator.max_tokens ({v['generator_max_tokens']}) must be "
-                          f"smaller than generator.context ({v['generator_context']}): the "
-                          f"prompt needs room too")
+        problems.append(f"store.collection must be letters, digits and _, starting with a "
+                        f"letter; got {collection!r}")
+    if not {"generator_max_tokens", "generator_context"} & wrong and \
+            v["generator_max_tokens"] >= v["generator_context"]:
+        problems.append(f"generator.max_tokens ({v['generator_max_tokens']}) must be smaller "
+                        f"than generator.context ({v['generator_context']}): the prompt needs "
+                        f"room too")
+    if problems:
+        raise ConfigError(f"{where}: " + "; ".join(problems))
     v.update(data_dir=data_dir, socket=sock,
              chunk_tokens=v["chunk_tokens"] or _auto_budget(v["embedding_model"]))
     return Config(path=path, **v, sources=tuple(sources), sources_listed="sources" in raw)

@@ -231,3 +231,22 @@ def test_a_config_ragctl_writes_is_its_owners_alone_and_keeps_its_mode(tmp_path)
     configfile.add_source(path, tmp_path / "b", None, None)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
     assert [p.name for p in path.parent.iterdir()] == ["config.toml"]  # no temporary left
+
+
+def test_a_config_error_names_every_bad_setting_not_only_the_first(tmp_path):
+    # (a fresh-user walk: a reload refused for one setting, then for the next once fixed)
+    f = tmp_path / "config.toml"
+    f.write_text("[daemon]\nlog_level = 'loud'\nmax_connections = 'many'\n[search]\nk = 0\n"
+                 "fusion = 'sum'\n[indx]\n[[sources]]\nname = 'n'\n[[sources]]\nname = 'm'\n"
+                 "path = '/tmp'\nkind = 'vault'\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load(f, env={"XDG_DATA_HOME": str(tmp_path)})
+    text = str(e.value)
+    assert text.startswith(f"{f}: ")
+    for needle in ("unknown key 'indx'", "daemon.log_level must be one of",
+                   "daemon.max_connections must be an integer, got string",
+                   "search.k must be between 1 and 1000, got 0",
+                   "search.fusion must be one of", "sources[0] needs a 'path'",
+                   "sources[1].kind must be one of"):
+        assert text.count(needle) == 1, (needle, text)
+    assert text.count(str(f)) == 1  # the file named once, at the start

@@ -225,10 +225,12 @@ def test_a_refused_reload_is_logged_and_changes_nothing(make_daemon, tmp_path):
     force, and its log says why (as it does for a SIGHUP)."""
     with make_daemon() as d:
         good = d.config.read_text()
-        d.config.write_text(good + "\n[search]\nnote_weight = -1\n")
+        d.config.write_text(good + "\n[search]\nnote_weight = -1\nk = 0\n")
         with pytest.raises(P.DaemonError) as e:
             d.call("reload")
+        # every bad setting named at once, not one per reload
         assert e.value.code == "bad_config" and "note_weight" in e.value.message
+        assert "search.k must be between 1 and 1000, got 0" in e.value.message
         assert d.call("ping")["pid"] == d.proc.pid
         log = (tmp_path / "data" / "ragd.log").read_text()
         assert "reload: " in log and "note_weight must be between 0 and 10" in log
