@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from conftest import (EMBED_MODEL, RERANK_MODEL, EngineKind, engine_config, ragctl,
-                      small_vault, wait_embedded)
+from conftest import (EMBED_MODEL, RERANK_MODEL, EngineKind, bulk_embedding_stopped,
+                      engine_config, ragctl, small_vault, wait_embedded)
 
 
 def src(root) -> list[dict]:
@@ -917,3 +917,42 @@ def test_an_engine_that_fails_is_explained_by_its_log_lines_that_say_why(tmp_pat
     engine.log_path.write_text("--- 2026-12-05 starting: x\n"
                                + "".join(f"line {i}\n" for i in range(20)))
     assert engine.tail_log(3) == "line 17\nline 18\nline 19"  # (nothing telling: the last)
+
+
+def test_the_texts_of_a_note_deleted_while_they_wait_in_a_batch_are_not_embedded(make_daemon,
+                                                                                  tmp_path):
+    """The embedder takes WORK_BATCH texts at a time; a long note deleted while its texts are
+    in that batch had the rest of them embedded for nothing, status saying "embedding" with
+    nothing left to embed (a fresh-user walk). The texts forgotten since are left out of the
+    requests still to send. The bulk engine is held (SIGSTOP) on the batch's first request
+    while the note is deleted."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("# A\n\nA short note about tomatoes in a greenhouse.\n")
+    d = make_daemon(sources=[{"name": "notes", "path": str(notes), "kind": "folder"}],
+                    extra=engine_config(extra="batch_tokens = 256\n"))
+    with d:
+        d.wait_idle(180, vectors=True)
+        with bulk_embedding_stopped(d):
+            words = ("harbor lantern quartz meadow falcon copper thistle orbit velvet "
+                     "canyon ember willow saddle glacier pepper").split()
+            (notes / "long.md").write_text("# Long\n\n" + "\n\n".join(
+                f"## Part {i}\n\n" + " ".join(f"{words[(i * 7 + j) % len(words)]}{i}"
+                                               for j in range(150))
+                for i in range(120)))
+            deadline = time.monotonic() + 60
+            while not ((e := d.call("status")["engines"]["embedding"]).get("embedder")
+                       == "embedding" and e.get("pending_texts", 0) >= 100):
+                assert time.monotonic() < deadline, e
+                time.sleep(0.05)
+            (notes / "long.md").unlink()
+            deadline = time.monotonic() + 60
+            while (e := d.call("status")["engines"]["embedding"]).get("pending_texts") != 0:
+                assert time.monotonic() < deadline, e
+                time.sleep(0.05)
+            before = e["embedded_texts"]
+        st = d.wait_idle(120, vectors=True)
+        after = st["engines"]["embedding"]["embedded_texts"]
+    # the request the engine was held on (one text a request at this batch size), and none
+    # of the batch's other texts (WORK_BATCH of them were taken)
+    assert after - before <= 2, (before, after)

@@ -396,7 +396,17 @@ class Embedder:
 
     def _send(self, db: sqlite3.Connection, batch: list, sent, done: set):
         """Send a batch to the engine (its request thread), then store the one sent before
-        (`sent`): the engine embeds this one meanwhile. Returns what is in flight now."""
+        (`sent`): the engine embeds this one meanwhile. Returns what is in flight now.
+        The texts forgotten since they were taken (no chunk has them any more: a note deleted
+        meanwhile) are left out: a deleted long note would keep the engine busy for nothing,
+        and status saying "embedding" with nothing left to embed."""
+        wanted = self.space.queued({b[0] for b in batch})
+        done.update(b[0] for b in batch if b[0] not in wanted)
+        batch = [b for b in batch if b[0] in wanted]
+        if not batch:
+            if sent is not None:
+                self._receive(db, *sent, done)
+            return None
         log.debug("embedding %d texts (%d tokens)", len(batch), sum(b[2] for b in batch))
         future = self._requests.submit(self._request, [t for _, t, _, _ in batch])
         if sent is not None:
