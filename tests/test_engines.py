@@ -276,6 +276,11 @@ def test_engine_that_keeps_dying_is_marked_failed(make_daemon, tmp_path, engine_
         assert "\n" in e["reason"]  # the last lines of the engine's log follow
         res = d.call("search", query="make a task repeat", k=3)
         assert res["degraded"] is True and "failed" in res["reason"] and res["results"]
+        # a note's name too: the name puts its note first, and the reason stays (it was
+        # wiped: "keywords only: None", a fresh-user walk)
+        res = d.call("search", query="Find tasks with invalid data", k=3)
+        assert res["results"][0]["path"].endswith("Find tasks with invalid data.md"), res
+        assert res["degraded"] is True and "failed" in res["reason"], res
 
 
 def test_model_switch_never_mixes_vector_spaces(make_daemon, tmp_path, second_embedding_model):

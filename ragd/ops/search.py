@@ -52,7 +52,8 @@ class SearchOps:
             ids = [f for f in ids if f in passed]
         if not ids:
             return
-        r.nothing_relevant, r.reason = False, None
+        if r.nothing_relevant:  # (another reason, a degraded search's, still holds)
+            r.nothing_relevant, r.reason = False, None
 
         def mark(c):
             c.parts["named"] = key
