@@ -8,6 +8,7 @@ does (--socket, $RAGD_SOCKET, else --config / $RAGD_CONFIG / the XDG config).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,7 +44,36 @@ def _socket(args) -> Path:
                                f"[daemon] section as written; the running ragd goes on with "
                                f"the config it read before (fix the file, then 'ragctl "
                                f"reload')")
-    return P.socket_path(args.socket, args.config, broken=broken)
+    path = P.socket_path(args.socket, args.config, broken=broken)
+    if args.socket or os.environ.get("RAGD_SOCKET"):  # named: that one
+        return path
+    return where_it_runs(args.config, path)
+
+
+def where_it_runs(config_arg, path: Path) -> Path:
+    """The socket the daemon started with this config file listens at: `path` (as the file
+    says), unless nothing answers there and the daemon's run record names another socket where
+    it answers — the file was edited (or emptied) since that daemon started, and it reads its
+    socket at start only. Said once on stderr, with how to move it."""
+    try:
+        cfg = P.find_config(config_arg)
+    except OSError:
+        return path
+    rec = P.recorded_socket(cfg) if cfg is not None else None
+    if rec is None or rec[0] == path or _ping(path) is not None:
+        return path
+    info = _ping(rec[0])
+    if info is None or info.get("pid") != rec[1]:
+        return path
+    why = (f"ragd (pid {rec[1]}) listens at {rec[0]}, not at {path} as {cfg} says now: it "
+           f"reads its socket at start only ('ragctl stop && ragctl start' moves it)")
+    if why not in _warned_moved:
+        _warned_moved.add(why)
+        print(f"ragctl: warning: {why}", file=sys.stderr)
+    return rec[0]
+
+
+_warned_moved: set[str] = set()
 
 
 def connect(args, timeout: float | None = 30.0) -> P.Client:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ragd import protocol as P
-from ragctl.client import Down, Fail, _interactive, _ping, _socket, call, emit
+from ragctl.client import Down, Fail, _interactive, _ping, _socket, call, emit, where_it_runs
 from ragctl.render import _ago, _count, _one_line
 
 
@@ -27,7 +27,7 @@ def do_start(args) -> int:
         raise Fail("--socket cannot choose where a new daemon listens; set daemon.socket in "
                    "the config instead", 2)
     env = {k: v for k, v in os.environ.items() if k != "RAGD_SOCKET"}
-    path = P.socket_path(None, args.config, env)
+    path = where_it_runs(args.config, P.socket_path(None, args.config, env))
     info = _ping(path)
     if info is not None:
         if args.source:  # add them to the running daemon (its config), or say why not

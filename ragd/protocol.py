@@ -19,6 +19,7 @@ Requests are maps ``{"id": any, "op": str, "args": map}``; replies are ``{"id": 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -190,6 +191,50 @@ def default_socket_path(data_dir: Path, env=os.environ) -> Path:
     if runtime and os.path.isabs(runtime):
         return Path(runtime) / "ragd" / "ragd.sock"
     return data_dir / "ragd.sock"
+
+
+def run_record(config: Path, env=os.environ) -> Path:
+    """Where a daemon started with this config file says which socket it listens at and its
+    pid, while it runs. A daemon reads [daemon] socket at its start only: edited while it runs
+    (or the file emptied), the file names another socket, and a client reading the file alone
+    finds nothing there — and would start a second daemon, or call a running one stopped. The
+    client then asks the socket of the record (recorded_socket)."""
+    runtime = env.get("XDG_RUNTIME_DIR")
+    base = (Path(runtime) / "ragd" if runtime and os.path.isabs(runtime)
+            else xdg("XDG_STATE_HOME", ".local/state", env) / "ragd")
+    key = hashlib.sha256(os.fsencode(os.path.realpath(config))).hexdigest()[:32]
+    return base / "runs" / f"{key}.json"
+
+
+def write_run_record(config: Path, sock: Path, env=os.environ) -> None:
+    path = run_record(config, env)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"config": os.path.realpath(config), "socket": str(sock),
+                               "pid": os.getpid()}))
+    tmp.replace(path)
+
+
+def drop_run_record(config: Path, env=os.environ) -> None:
+    """The record gone at a stop, if it is still this process's (a later daemon's stays)."""
+    path = run_record(config, env)
+    if (recorded_socket(config, env) or (None, None))[1] == os.getpid():
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def recorded_socket(config: Path | None, env=os.environ) -> tuple[Path, int] | None:
+    """(socket, pid) of the record of a daemon started with this config file, or None. Whether
+    that daemon still runs is for the caller to ask (a crash leaves its record)."""
+    if config is None:
+        return None
+    try:
+        rec = json.loads(run_record(config, env).read_text())
+        return Path(rec["socket"]), int(rec["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def upgrading_path(sock: Path) -> Path:

@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 from ragd import __version__, config, protocol, settings
 from ragd.engines import models
@@ -95,6 +96,18 @@ class Runtime:
         self.server = self.parts.server = Server(cfg.socket, self.ops.dispatch,
                                                  cfg.max_connections)
         self.watcher: Watcher | None = None
+        self._recorded: Path | None = None  # the config file of the run record written
+
+    def _record_run(self) -> None:
+        """Say where this daemon listens, for a client whose config file names another socket
+        since (protocol.run_record). Not for the built-in defaults: no file to edit."""
+        if self.cfg.path is None:
+            return
+        try:
+            protocol.write_run_record(self.cfg.path, self.server.path)
+            self._recorded = self.cfg.path
+        except OSError as e:  # (the daemon serves without it: clients read the config)
+            log.warning("cannot write the run record of %s: %s", self.cfg.path, e)
 
     def run(self, background: bool) -> int:
         cfg = self.cfg
@@ -118,6 +131,7 @@ class Runtime:
         self._read_again_if_changed()
         try:
             self.server.start()
+            self._record_run()
             self.engines.start()
             if background:
                 _redirect_output(cfg.log_path)
@@ -185,6 +199,8 @@ class Runtime:
         deadline = time.monotonic() + STOP_WITHIN
         self.parts.stopping.set()
         self.server.close()
+        if self._recorded is not None:
+            protocol.drop_run_record(self._recorded)
         parts = [("watcher", self.watcher.stop if self.watcher is not None else None),
                  ("indexer", self.indexer.stop), ("buffers", self.buffers.stop),
                  ("store", self.backend.stop if self.backend is not None else None),

@@ -209,6 +209,41 @@ def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_socket_changed_in_the_config_while_ragd_runs_still_finds_it(tmp_path):
+    """ragd reads [daemon] socket at its start only. A fresh-user walk changed it (and, in
+    another try, emptied the file) while ragd ran: reload said ragd was not running, stop said
+    "nothing to stop" with exit 0 and left it running, and start would have started a second
+    daemon. ragctl now finds the daemon this config file started by its run record, and says
+    where it listens."""
+    notes = small_vault(tmp_path / "Notes")
+    cfg = _cfg(tmp_path, [{"name": "notes", "path": str(notes), "kind": "obsidian"}])
+    good = cfg.read_text()
+    d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
+    with d:
+        d.wait_idle()
+        cfg.write_text(good.replace(str(tmp_path / "run" / "s.sock"),
+                                    str(tmp_path / "run" / "other.sock")))
+        r = ragctl("--config", cfg, "reload")
+        assert r.returncode == 0, r.stderr
+        assert "restart is needed for: daemon.socket" in r.stdout, r.stdout
+        assert r.stderr.count("warning") == 1 and "s.sock" in r.stderr, r.stderr
+        cfg.write_text("")  # emptied: the default socket, no sources
+        r = ragctl("--config", cfg, "search", "--mode", "bm25", "QuickAdd")
+        assert r.returncode == 0 and "QuickAdd" in r.stdout, r.stderr
+        r = ragctl("--config", cfg, "start")
+        assert r.returncode == 0 and f"already running (pid {d.proc.pid})" in r.stdout, r
+        # (ragd is this test's child: reaped here, or ragctl would wait on its zombie)
+        stop = subprocess.Popen([sys.executable, "-m", "ragctl", "--config", str(cfg), "stop"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert d.proc.wait(30) == 0
+        out, err = stop.communicate(timeout=30)
+        assert stop.returncode == 0 and "ragd stopped" in out, err
+    # stopped: its record is gone, and ragctl reads the file alone again
+    r = ragctl("--config", cfg, "status")
+    assert r.returncode == 1 and "not running" in r.stderr and "warning" not in r.stderr, r
+
+
+@pytest.mark.slow
 def test_a_renamed_source_embeds_nothing_again(tmp_path):
     notes = small_vault(tmp_path / "Notes")
     cfg = _cfg(tmp_path, [{"name": "a", "path": str(notes), "kind": "obsidian"}],
