@@ -161,8 +161,9 @@ def test_frontmatter_forms():
 
 def test_a_stub_note_is_one_chunk_found_by_its_title_aliases_and_tags():
     """A note of frontmatter or headings only (a link target to fill in later) was no chunk:
-    not even its alias found it. Now it is one chunk of its lines; an empty note, or one of
-    nothing but a comment, is still none."""
+    not even its alias found it. Now it is one chunk of its lines; one of nothing but a comment
+    is still none. An empty note is one chunk of no text under its title: a search for its
+    name found nothing (a fresh-user walk's "Zanzibar Trip.md")."""
     doc = markdown.parse("---\naliases: [onlyfm]\ntags: [a, b]\n---\n\n", "Person")
     (chunk,) = chunker.chunk_doc(doc)
     assert (chunk.heading, chunk.keywords, chunk.line_start, chunk.line_end) == (
@@ -170,7 +171,10 @@ def test_a_stub_note_is_one_chunk_found_by_its_title_aliases_and_tags():
     assert chunk.text == "---\naliases: [onlyfm]\ntags: [a, b]\n---" and chunk.body == ""
     (chunk,) = chunker.chunk_doc(markdown.parse("# Ideas\n\n## Later\n", "Ideas"))
     assert chunk.heading == "Ideas > Later" and chunk.text == "# Ideas\n\n## Later"
-    assert chunker.chunk_doc(markdown.parse("", "Empty")) == []
+    for empty in ("", "\n  \n"):
+        (chunk,) = chunker.chunk_doc(markdown.parse(empty, "Zanzibar Trip"))
+        assert (chunk.heading, chunk.line_start, chunk.line_end, chunk.text, chunk.body) == (
+            "Zanzibar Trip", 1, 1, "", "")
     assert chunker.chunk_doc(markdown.parse("<!-- todo -->\n", "Comment")) == []
 
 

@@ -416,3 +416,22 @@ def test_related_to_a_short_text_clears_search_s_threshold(trust_daemon):
         assert all(r["scores"]["vector"] >= 0.40 for r in res["results"]), res
         res = d.call("related", path=str(d.vault / "Empty.md"))
         assert not res["results"] and res["reason"] == "the note has no text to compare", res
+
+
+def test_an_empty_note_is_found_by_its_name(trust_daemon):
+    """A fresh-user walk made an empty "Zanzibar Trip.md" (to fill in later) beside a
+    frontmatter-only "Quito Trip.md" and searched "Zanzibar Trip": Quito Trip came first, and
+    the empty note could never come up (no chunk). It is now one chunk of its title."""
+    d = trust_daemon
+    (d.vault / "Personal").mkdir()
+    (d.vault / "Personal" / "Zanzibar Trip.md").write_text("")
+    (d.vault / "Personal" / "Quito Trip.md").write_text("---\ntags: [trip, travel]\n---\n")
+    with d:
+        wait_embedded(d)
+        res = d.call("search", query="Zanzibar Trip", k=5)
+        assert rank_of(res, "Zanzibar Trip.md") == 1, res["results"]
+        assert res["results"][0]["scores"].get("named"), res["results"][0]
+        r = ragctl("--config", d.config, "search", "Zanzibar Trip")
+        assert r.returncode == 0 and "Zanzibar Trip" in r.stdout.splitlines()[0], r
+        r = ragctl("--config", d.config, "search", "-l", "zanzibar")
+        assert r.returncode == 0 and r.stdout.splitlines()[0].endswith("Zanzibar Trip.md:1"), r

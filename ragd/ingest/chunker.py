@@ -260,4 +260,10 @@ def chunk_doc(doc: Doc, budget: int = 256, overlap: int = 48) -> list[Chunk]:
             text = "\n".join(doc.lines[:filled[-1] + 1]).strip()
             chunks.append(Chunk(heading_path(), 1, filled[-1] + 1, text, "",
                                 with_symbols(heading_path(), keywords, "")))
+    if not chunks and doc.pages is None and doc.title and not any(
+            line.strip() for line in doc.lines):
+        # an empty note (made to be filled later, or a link's target): its title alone, so
+        # that a search for its name finds it (names.py), as `ls` would
+        chunks.append(Chunk(heading_path(), 1, 1, "", "",
+                            with_symbols(heading_path(), keywords, "")))
     return chunks
