@@ -435,3 +435,59 @@ def test_an_empty_note_is_found_by_its_name(trust_daemon):
         assert r.returncode == 0 and "Zanzibar Trip" in r.stdout.splitlines()[0], r
         r = ragctl("--config", d.config, "search", "-l", "zanzibar")
         assert r.returncode == 0 and r.stdout.splitlines()[0].endswith("Zanzibar Trip.md:1"), r
+
+
+MEETING = ("# Team sync {date}\n\n## Attendees\n\n- Ana, Bo and Chen\n\n## Agenda\n\n{agenda}\n\n"
+           "## Action items\n\n- [ ] Update the team wiki with what was decided\n"
+           "- [ ] Send the summary to the stakeholders\n- [ ] Book the room for the next sync\n")
+AGENDAS = ["The database migration to Postgres 16: the replica lag seen during the dry run, "
+           "and whether to move the cut-over to a weekend.",
+           "Hiring a second backend engineer: the interview loop, the take-home exercise and "
+           "who sits on the panel.",
+           "The mobile app's crash on start on older Android phones, traced to a font loaded "
+           "before the permissions prompt."]
+# Notes that answer the template's action items, not the meetings: a template section in
+# three notes linked one meeting to each of them (a fresh-user walk)
+ELSEWHERE = {
+    "Guides/Editing the wiki.md": "# Editing the wiki\n\nTo update a page of the team wiki, "
+                                  "open it, press Edit, write what changed and save; the history "
+                                  "keeps every version.\n",
+    "Guides/Stakeholder summaries.md": "# Stakeholder summaries\n\nA summary sent to "
+                                       "stakeholders says what was decided, what is next and "
+                                       "what is needed from them, in five lines.\n",
+    "Guides/Room booking.md": "# Booking a meeting room\n\nBook a room for a meeting in the "
+                              "calendar: pick the room, the time and the attendees.\n",
+}
+
+
+def test_related_is_not_led_by_a_template_section_three_notes_share(make_daemon, tmp_path):
+    """Three meeting notes from one template (its attendees and action items word for word),
+    in a vault where three is under a tenth of the notes (35), so the sections are not dropped as
+    a footer is: related to one meeting linked it through "Update the team wiki / Send the
+    summary" to notes about wikis and summaries. A link from a section several notes share
+    now counts for less, as a hit on one does, and the meeting's own agenda leads."""
+    root = small_vault(tmp_path / "vault")
+    for i, agenda in enumerate(AGENDAS):
+        (root / "Meetings").mkdir(exist_ok=True)
+        (root / "Meetings" / f"Team sync {i + 1}.md").write_text(
+            MEETING.format(date=f"2026-11-{10 + 7 * i}", agenda=agenda))
+    for rel, text in ELSEWHERE.items():
+        (root / rel).parent.mkdir(exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "Misc").mkdir()
+    for i, topic in enumerate(["sourdough bread", "a trip to Lisbon", "tomato seedlings",
+                               "a bicycle's gears", "the night sky in winter", "knitting socks",
+                               "a jazz record", "the history of tea", "running a first 10k",
+                               "birds at the feeder", "an old typewriter", "chess openings",
+                               "a camping stove", "learning Italian"]):
+        (root / "Misc" / f"Note {i}.md").write_text(f"# Note {i}\n\nA few lines about {topic}.\n")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
+                    extra=engine_config())
+    with d:
+        wait_embedded(d)
+        res = d.call("related", path=str(root / "Meetings" / "Team sync 1.md"), k=10)
+        linked = {Path(r["path"]).name: r for r in res["results"]}
+        # (the other meetings stay: the same template in a note of the same series)
+        assert {"Team sync 2.md", "Team sync 3.md"} <= set(linked), res["results"]
+        for name in ELSEWHERE:
+            assert Path(name).name not in linked, (name, res["results"])

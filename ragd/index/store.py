@@ -607,10 +607,12 @@ def chunk_row(db: sqlite3.Connection, chunk_id: int):
                       (chunk_id,)).fetchone()
 
 
-def file_chunks(db: sqlite3.Connection, file_id: int) -> list[sqlite3.Row]:
-    """A file's chunks in order: id, line_start, line_end, text_hash."""
+def file_chunks(db: sqlite3.Connection, file_id: int, texts: bool = False) -> list[sqlite3.Row]:
+    """A file's chunks in order: id, line_start, line_end, text_hash. texts: only those with a
+    text (an empty note's one chunk is its title alone)."""
     return db.execute("SELECT id, line_start, line_end, text_hash FROM chunks WHERE file_id = ? "
-                      "ORDER BY ordinal", (file_id,)).fetchall()
+                      + ("AND text != '' " if texts else "") + "ORDER BY ordinal",
+                      (file_id,)).fetchall()
 
 
 def titles(db: sqlite3.Connection, file_ids) -> dict[int, str | None]:

@@ -55,7 +55,8 @@ class RelatedOps:
             coverage = round(Searcher._coverage(db, space.vectors), 4)
             partial = {"vector_coverage": coverage} if coverage < 1.0 else {}
             spans, vecs, own, note_path, hashes = self._related_source(db, path, text)
-            spans, vecs, shared_only = related.distinct_sections(db, spans, vecs, hashes, own)
+            spans, vecs, shared_only, asked = related.distinct_sections(db, spans, vecs, hashes,
+                                                                          own)
             if not len(vecs):
                 why = ("the note has no text to compare" if path is not None and not spans
                        and not self._has_chunks(db, path) else
@@ -78,7 +79,7 @@ class RelatedOps:
                 return {"results": [], "of": note_path, "reason": searched,
                         "elapsed_ms": round((time.perf_counter() - t0) * 1e3, 3), **partial}
             try:
-                top = related.nearest_notes(db, searched, vecs, k, exclude)
+                top = related.nearest_notes(db, searched, vecs, k, exclude, asked)
             except Exception as e:  # Milvus failing (the local index raises nothing here)
                 if not space.vectors.remote:
                     raise
@@ -130,9 +131,10 @@ class RelatedOps:
         return src, src and store.file_row(db, src.name, Path(p).relative_to(src.root).as_posix())
 
     def _has_chunks(self, db, path: str) -> bool:
-        """Does the indexed note at path have any chunk (a note of no text has none)?"""
+        """Does the indexed note at path have a chunk of text (an empty note has its title
+        alone, a note of nothing but a comment none)?"""
         row = self._file_row(db, os.path.abspath(os.path.expanduser(path)))[1]
-        return row is None or bool(store.file_chunks(db, row["id"]))
+        return row is None or bool(store.file_chunks(db, row["id"], texts=True))
 
     def _searched(self, space):
         """What answers nearest_to_any for the space: its own index, or (the vectors in
@@ -171,7 +173,7 @@ class RelatedOps:
             if row["status"] in ("skipped", "failed"):  # (it said "no text to compare")
                 raise OpError(P.NOT_FOUND, f"related: {path} is not indexed: {row['status']}, "
                               f"{row['reason']}")
-            chunks = store.file_chunks(db, row["id"])
+            chunks = store.file_chunks(db, row["id"], texts=True)
             ids, vecs = self.p.vectors.vectors_of(db, self.p.vectors.active,
                                                   [c[0] for c in chunks])
             span = {c[0]: {"line_start": c[1], "line_end": c[2]} for c in chunks}

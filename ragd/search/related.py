@@ -28,9 +28,10 @@ def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
     linked a PEP to others by their identical "Copyright" section before any of its own.
     Counted within the source: a folder's footer shared by most of its documents is
     boilerplate there even beside a large vault. Sections a few notes share stay beside a
-    note's own: a tag line, an included snippet."""
+    note's own: a tag line, an included snippet. Last, how many notes share each section kept
+    (for nearest_notes)."""
     if not hashes:
-        return spans, vecs, False
+        return spans, vecs, False, [1] * len(spans)
     source = store.files_source(db, own)
     notes = store.indexed_files(db, source)
     shared = store.text_hash_files(db, hashes, source)
@@ -41,21 +42,25 @@ def distinct_sections(db, spans: list, vecs, hashes: list[str], own: set[int]):
     # few stubs hold, under a tenth of the source, links a stub to whatever is nearest)
     own_text = any(shared.get(hashes[i], 1) < boilerplate.SHARED_MIN for i in keep)
     if not keep or len(keep) == len(hashes):
-        return spans, vecs, not own_text
-    return [spans[i] for i in keep], vecs[keep], not own_text
+        keep = list(range(len(hashes)))
+    return ([spans[i] for i in keep], vecs[keep], not own_text,
+            [shared.get(hashes[i], 1) for i in keep])
 
 
-def nearest_notes(db: sqlite3.Connection, vectors, vecs, k: int, exclude
+def nearest_notes(db: sqlite3.Connection, vectors, vecs, k: int, exclude, asked=None
                   ) -> list[tuple[int, tuple[int, float, int]]]:
     """The k notes closest to any of `vecs` (the asked note's chunks), the files `exclude`d
     left out: [(file id, (its closest chunk, the score, the index of the asked chunk it is
-    close to))], best first. A chunk another note shares with many (boilerplate: a template's
-    section) counts for less, as in search."""
+    close to))], best first. A link counts for less when either end is boilerplate, by the end
+    more notes share (boilerplate.weight, as in search): a chunk many notes hold, and one of
+    the asked note's sections that `asked[i]` notes share (distinct_sections) — a template's
+    "Action items" in three meeting notes linked one of them to every note about a wiki or a
+    summary (a fresh-user walk)."""
     hits = vectors.nearest_to_any(vecs, k * 30, np.array(sorted(exclude), dtype=np.int64))
     common = boilerplate.shared(db, [h[0] for h in hits])
     best: dict[int, tuple[int, float, int]] = {}
     for cid, fid, score, which in hits:
-        score *= boilerplate.weight(common.get(cid, 1))
+        score *= boilerplate.weight(max(common.get(cid, 1), asked[which] if asked else 1))
         if fid not in best or score > best[fid][1]:
             best[fid] = (cid, score, which)
     return sorted(best.items(), key=lambda x: -x[1][1])[:k]
