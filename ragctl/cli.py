@@ -293,8 +293,9 @@ def main(argv=None) -> int:
             print(f"ragctl: {message}" + (f" ({code})" if said else ""), file=sys.stderr)
         return rc
 
-    # (get's path may be any file name: it goes as its bytes, path_bytes)
-    named = {args.path} if getattr(args, "func", None) is do_get else set()
+    # (get's and related's path may be any file name: it goes as its bytes, path_bytes)
+    func = getattr(args, "func", None)
+    named = {args.path} if func is do_get else {args.note} if func is do_related else set()
     for arg in argv:  # a byte that is not UTF-8 (a Latin-1 file name): said, not a traceback
         if arg in named:
             continue

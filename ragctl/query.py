@@ -12,7 +12,7 @@ from ragd import protocol as P
 from ragctl.client import Fail, call, connect, emit
 from ragctl.paths import split_range
 from ragctl.render import (_Progress, _bold, _count, _excerpt, _explain, _head, _jump, _lines,
-                           _mark, _one_line, _pattern, _terms)
+                           _mark, _one_line, _pattern, _terms, print_jump)
 
 
 def do_search(args) -> int:
@@ -93,7 +93,7 @@ def do_search(args) -> int:
                   file=sys.stderr if args.paths else sys.stdout)
         if args.paths:  # a line per result: `| head -3` is three, `| xargs`, an editor's list
             for r in res["results"]:
-                print(_jump(r))
+                print_jump(r)
             return
         terms = _terms(query)
         for i, r in enumerate(res["results"], 1):
@@ -159,7 +159,7 @@ def do_related(args) -> int:
         raise Fail("related: give a note's PATH or --text TEXT" +
                    (", not both" if args.note is not None else ""), 2)
     kw = {"text": args.text} if args.text is not None else \
-        {"path": os.path.abspath(os.path.expanduser(args.note))}
+        _path_arg(os.path.abspath(os.path.expanduser(args.note)))
     if args.k is not None:
         kw["k"] = args.k
     res = call(args, "related", timeout=90, **kw)
@@ -177,7 +177,7 @@ def do_related(args) -> int:
                   file=sys.stderr if args.paths else sys.stdout)
         if args.paths:
             for r in res["results"]:
-                print(_jump(r))
+                print_jump(r)
             return
         for i, r in enumerate(res["results"], 1):
             title = _one_line(r.get("title") or Path(r["path"]).stem)
@@ -287,7 +287,7 @@ def do_get(args) -> int:
 
 
 def _path_arg(path: str) -> dict:
-    """A path for get: as text, or, when its name is not UTF-8 (a file named in Latin-1, given
+    """A path for get and related: as text, or, when its name is not UTF-8 (a file named in Latin-1, given
     by the shell as bytes), as those bytes (path_bytes, base64)."""
     try:
         path.encode("utf-8")

@@ -3,8 +3,11 @@ query's words marked in its lines, a search's --explain, and ask's progress line
 
 from __future__ import annotations
 
+import base64
+import os
 import re
 import shutil
+import sys
 import unicodedata
 
 from ragd import protocol as P
@@ -145,6 +148,21 @@ def _jump(r: dict) -> str:
     """A result's path:line, its best matching line (a terminal or editor jumps there)."""
     at = r.get("match_lines") or []
     return f"{_one_line(r['path'])}:{at[0] if at else r['line_start']}"
+
+
+def print_jump(r: dict) -> None:
+    """A result's path:line as -l prints it: a name that is not UTF-8 as its exact bytes (its
+    printable form has U+FFFD where they were, which no file is named: `| xargs` needs the
+    bytes, as grep -l prints them)."""
+    if "path_bytes" not in r:
+        print(_jump(r))
+        return
+    exact = os.fsdecode(base64.b64decode(r["path_bytes"]))  # (its bytes as surrogates)
+    at = r.get("match_lines") or []
+    line = "".join(ch if "\udc80" <= ch <= "\udcff" else _one_line(ch) for ch in exact) + \
+        f":{at[0] if at else r['line_start']}"
+    sys.stdout.flush()
+    sys.stdout.buffer.write(os.fsencode(line) + b"\n")
 
 
 def _count(n: int, word: str) -> str:

@@ -150,6 +150,37 @@ def test_a_name_that_is_not_utf8_can_be_fetched(make_daemon, tmp_path):
             d.call("get", path=str(root / "x.md"), path_bytes=hit["path_bytes"])
         assert e.value.code == P.BAD_ARGS and "either" in e.value.message
 
+def test_related_and_search_l_take_and_give_a_name_that_is_not_utf8(make_daemon, tmp_path):
+    """A fresh-user walk's "caf\xe9.md": `ragctl related` refused the name the shell gave
+    ("not valid UTF-8") and the printed one ("not indexed"), where get takes both; and
+    `search -l` printed it with U+FFFD, a name no file has (`| xargs` failed). related now
+    takes path_bytes and the printed name as get does, and -l prints the exact bytes."""
+    import base64
+    root = tmp_path / "notes"
+    root.mkdir()
+    raw = os.fsencode(root)
+    for name, text in [(b"caf\xe9.md", "A capybara grazes by the river at dusk."),
+                       (b"giant.md", "The capybara is the largest living rodent.")]:
+        with open(os.path.join(raw, name), "wb") as f:
+            f.write(f"# Note\n\n{text}\n".encode())
+    d = make_daemon(sources=[{"name": "n", "path": str(root)}], extra=engine_config())
+    exact = raw + b"/caf\xe9.md"
+    with d:
+        wait_embedded(d)
+        hit = next(h for h in d.call("search", query="capybara", k=5)["results"]
+                   if "path_bytes" in h)
+        for how in ({"path_bytes": hit["path_bytes"]}, {"path": hit["path"]}):
+            res = d.call("related", **how)
+            assert [Path(r["path"]).name for r in res["results"]] == ["giant.md"], (how, res)
+        r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                            "related", "-l", exact], capture_output=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.startswith(raw + b"/giant.md:"), r
+        r = subprocess.run([sys.executable, "-m", "ragctl", "--config", str(d.config),
+                            "search", "-l", "grazes"], capture_output=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.splitlines()[0] == exact + b":3", r
+        assert base64.b64decode(hit["path_bytes"]) == exact
+
+
 def test_what_is_not_a_file_is_listed_alike_by_scans_and_events(make_daemon, tmp_path):
     """A FIFO, a link to /dev/zero and a link to a folder, found by the first scan or created
     while watched: each is listed skipped with its reason, and stays so through later scans

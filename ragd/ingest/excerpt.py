@@ -32,7 +32,7 @@ class Refused(Exception):
         self.message = message
 
 
-def _as_on_disk(path: str, all_sources: list[Source] = ()) -> str:
+def as_on_disk(path: str, all_sources: list[Source] = ()) -> str:
     """`path`, or its other Unicode form when only that one exists: a name typed composed
     (NFC, "café") finds the file a Mac or its sync tool wrote decomposed (NFD), and the
     other way round. The file system compares bytes, so without this neither is found. And
@@ -78,7 +78,7 @@ def locate(path: str, all_sources: list[Source]) -> tuple[Source, Path]:
     elsewhere) and files the source does not index. `path` is absolute and holds no NUL: the
     op checked it (ops._absolute, the one check of every op that takes a path)."""
     try:
-        real = Path(os.path.realpath(os.path.expanduser(_as_on_disk(path, all_sources))))
+        real = Path(os.path.realpath(os.path.expanduser(as_on_disk(path, all_sources))))
     except OSError as e:  # a link on the path removed while it was being resolved
         raise Refused(P.NOT_FOUND, f"get: {path}: {e.strerror}") from None
     holders = [s for s in all_sources if real == s.root or s.root in real.parents]

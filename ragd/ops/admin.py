@@ -37,11 +37,7 @@ class AdminOps:
         path_bytes: the path's bytes in base64, as results give a name that is not UTF-8."""
         if (path is None) == (path_bytes is None):
             raise OpError(P.BAD_ARGS, "get: give either 'path' or 'path_bytes'")
-        if path_bytes is not None:
-            try:
-                path = os.fsdecode(base64.b64decode(path_bytes, validate=True))
-            except ValueError:
-                raise OpError(P.BAD_ARGS, "get: 'path_bytes' is not base64") from None
+        path = args.path_of("get", path, path_bytes)
         args.absolute("get", path)
         try:
             return excerpt.get_text(path, self.p.cfg.sources, line_start, line_end,

@@ -4,6 +4,8 @@ REQUIRED for none), absolute paths, bounded queries, and the source a request na
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import os
 from pathlib import Path
@@ -34,7 +36,8 @@ ARGS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "models_pull": {"name": (str, REQUIRED)},
     "buffer_set": {"path": (str, REQUIRED), "text": (str, REQUIRED), "version": (int, None)},
     "buffer_drop": {"path": (str, REQUIRED)},
-    "related": {"path": (str, None), "text": (str, None), "k": (int, 10)},
+    "related": {"path": (str, None), "path_bytes": (str, None), "text": (str, None),
+                "k": (int, 10)},
     "ask": {"question": (str, REQUIRED), "k": (int, None), "max_tokens": (int, None),
             "sources": (list, None), "path": (str, None), "tag": (str, None)},
     "reload": {},
@@ -76,6 +79,19 @@ def _encodable(text: str) -> bool:
         return True
     except UnicodeEncodeError:
         return False
+
+
+def path_of(op: str, path: str | None, path_bytes: str | None) -> str | None:
+    """A path given as text or as its bytes in base64 (path_bytes: a name that is not UTF-8,
+    as replies give it, wire_path), as the str the file system takes."""
+    if path_bytes is None:
+        return path
+    if path is not None:
+        raise OpError(P.BAD_ARGS, f"{op}: give 'path' or 'path_bytes', not both")
+    try:
+        return os.fsdecode(base64.b64decode(path_bytes, validate=True))
+    except (ValueError, binascii.Error):
+        raise OpError(P.BAD_ARGS, f"{op}: 'path_bytes' is not base64") from None
 
 
 def absolute(op: str, path: str) -> None:

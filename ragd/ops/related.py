@@ -12,6 +12,7 @@ import numpy as np
 from ragd import protocol as P
 from ragd.engines.client import EngineError, EngineUnavailable
 from ragd.index import store
+from ragd.ingest import excerpt
 from ragd.ingest.sources import printable
 from ragd.ops import args
 from ragd.ops.parts import Parts
@@ -32,15 +33,19 @@ class RelatedOps:
         self.p = parts
         self.results = results
 
-    def cmd_related(self, session, path: str | None, text: str | None, k: int) -> dict:
+    def cmd_related(self, session, path: str | None, path_bytes: str | None, text: str | None,
+                    k: int) -> dict:
         """The notes most like a note (or a text), excluding itself: note-level, each with
         the pair of chunks that links them; from stored vectors (an indexed note costs no
         embedding)."""
         t0 = time.perf_counter()
+        path = args.path_of("related", path, path_bytes)  # (a name that is not UTF-8)
         if (path is None) == (text is None):
             raise OpError(P.BAD_ARGS, "related: give either 'path' or 'text'")
         if path is not None:
             args.absolute("related", path)
+            # its other Unicode form, or the name a result printed with U+FFFD: as get finds
+            path = excerpt.as_on_disk(os.path.expanduser(path), self.p.cfg.sources)
         if not 1 <= k <= 100:
             raise OpError(P.BAD_ARGS, f"related: 'k' must be between 1 and 100, got {k}")
         space = self.p.vectors.active
