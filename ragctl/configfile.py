@@ -181,7 +181,10 @@ def remove_source(path: Path, name: str) -> str:
         for i in reversed(range(len(existing))):
             if i not in keep:
                 del existing[i]
-    _write(path, tomlkit.dumps(doc))
+    text = tomlkit.dumps(doc)
+    # the last table removed leaves the blank line before it at the end, and the next add
+    # puts another before its table: the two piled up (a fresh-user walk)
+    _write(path, text.rstrip("\n") + "\n" if text.endswith("\n\n") else text)
     return name
 
 

@@ -250,3 +250,22 @@ def test_a_config_error_names_every_bad_setting_not_only_the_first(tmp_path):
                    "sources[1].kind must be one of"):
         assert text.count(needle) == 1, (needle, text)
     assert text.count(str(f)) == 1  # the file named once, at the start
+
+
+def test_sources_removed_and_added_again_leave_one_blank_line_between_tables(tmp_path):
+    """`sources remove` of the last table left its blank line at the end of the file, and the
+    next `sources add` put another before its own: two blank lines (a fresh-user walk)."""
+    from ragctl import configfile
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    path = tmp_path / "config.toml"
+    for name in "abc":
+        configfile.add_source(path, tmp_path / name, None, None)
+    configfile.remove_source(path, "c")
+    assert path.read_text().endswith('kind = "folder"\n')
+    configfile.add_source(path, tmp_path / "c", None, None)
+    assert "\n\n\n" not in path.read_text()
+    configfile.remove_source(path, "b")  # (one in the middle)
+    text = path.read_text()
+    assert "\n\n\n" not in text and text.endswith('kind = "folder"\n'), text
+    assert [s["name"] for s in configfile.sources(path)] == ["a", "c"]
