@@ -153,15 +153,29 @@ def test_sources_added_removed_and_renamed_live(tmp_path):
     assert r.returncode == 0 and "Other" in r.stdout and "not running" in r.stdout
 
 
+def _small_daemon(tmp_path: Path) -> tuple[Path, str, Daemon]:
+    """(its config, the config's text, a daemon not started) over the small vault."""
+    notes = small_vault(tmp_path / "Notes")
+    cfg = _cfg(tmp_path, [{"name": "notes", "path": str(notes), "kind": "obsidian"}])
+    return cfg, cfg.read_text(), Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
+
+
+def _ragctl_stop(d: Daemon, cfg: Path) -> None:
+    """`ragctl stop` stops d. (ragd is this test's child: reaped here, or ragctl would wait on
+    its zombie.)"""
+    stop = subprocess.Popen([sys.executable, "-m", "ragctl", "--config", str(cfg), "stop"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert d.proc.wait(30) == 0
+    out, err = stop.communicate(timeout=30)
+    assert stop.returncode == 0 and "ragd stopped" in out, err
+
+
 @pytest.mark.slow
 def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_path):
     """A config file made invalid TOML by an edit: ragd goes on with the config it read, and
     ragctl still finds it (the [daemon] socket read line by line, with a warning), so it can be
     asked, reloaded and stopped; status says the last reload failed until one works."""
-    notes = small_vault(tmp_path / "Notes")
-    cfg = _cfg(tmp_path, [{"name": "notes", "path": str(notes), "kind": "obsidian"}])
-    good = cfg.read_text()
-    d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
+    cfg, good, d = _small_daemon(tmp_path)
     with d:
         d.wait_idle()
         cfg.write_text(good + "\nthis is = not [valid\n")
@@ -193,12 +207,7 @@ def test_a_config_broken_while_ragd_runs_leaves_it_reachable_and_says_so(tmp_pat
         r = ragctl("--config", cfg, "status")
         assert r.returncode == 0 and "reload failed" not in r.stdout and not r.stderr
         cfg.write_text(good + "\nthis is = not [valid\n")
-        # (ragd is this test's child: reaped here, or ragctl would wait on its zombie)
-        stop = subprocess.Popen([sys.executable, "-m", "ragctl", "--config", str(cfg), "stop"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert d.proc.wait(30) == 0
-        out, err = stop.communicate(timeout=30)
-        assert stop.returncode == 0 and "ragd stopped" in out, err
+        _ragctl_stop(d, cfg)
     # no daemon and the file still broken: one line on what to fix, not a warning that a
     # running ragd goes on (none does) and then a failure
     for cmd in ("status", "stop"):
@@ -215,10 +224,7 @@ def test_a_socket_changed_in_the_config_while_ragd_runs_still_finds_it(tmp_path)
     "nothing to stop" with exit 0 and left it running, and start would have started a second
     daemon. ragctl now finds the daemon this config file started by its run record, and says
     where it listens."""
-    notes = small_vault(tmp_path / "Notes")
-    cfg = _cfg(tmp_path, [{"name": "notes", "path": str(notes), "kind": "obsidian"}])
-    good = cfg.read_text()
-    d = Daemon(cfg, tmp_path / "run" / "s.sock", tmp_path / "err.log")
+    cfg, good, d = _small_daemon(tmp_path)
     with d:
         d.wait_idle()
         cfg.write_text(good.replace(str(tmp_path / "run" / "s.sock"),
@@ -232,12 +238,7 @@ def test_a_socket_changed_in_the_config_while_ragd_runs_still_finds_it(tmp_path)
         assert r.returncode == 0 and "QuickAdd" in r.stdout, r.stderr
         r = ragctl("--config", cfg, "start")
         assert r.returncode == 0 and f"already running (pid {d.proc.pid})" in r.stdout, r
-        # (ragd is this test's child: reaped here, or ragctl would wait on its zombie)
-        stop = subprocess.Popen([sys.executable, "-m", "ragctl", "--config", str(cfg), "stop"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert d.proc.wait(30) == 0
-        out, err = stop.communicate(timeout=30)
-        assert stop.returncode == 0 and "ragd stopped" in out, err
+        _ragctl_stop(d, cfg)
     # stopped: its record is gone, and ragctl reads the file alone again
     r = ragctl("--config", cfg, "status")
     assert r.returncode == 1 and "not running" in r.stderr and "warning" not in r.stderr, r
