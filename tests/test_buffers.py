@@ -254,3 +254,52 @@ def test_a_named_note_open_with_unsaved_changes_is_shown_once_as_its_buffer(make
                 mine = [r for r in res if r["path"] == str(note)]
                 assert len(mine) == 1 and mine[0]["unsaved"] is True, res
                 assert "medlar" in mine[0]["text"]
+
+
+def test_a_dropped_buffers_texts_are_not_embedded(make_daemon, tmp_path):
+    """A fresh-user walk sent a 500 KB buffer (391 texts to embed) and dropped it: its texts
+    stayed queued, and the query engine embedded them for minutes (a core at 100% with status
+    saying idle, every search 100x slower, the bulk embedding paused each time). A buffer
+    dropped, replaced by a shorter version or left by its client takes its texts out of the
+    queue, and status counts what is left (buffers.to_embed)."""
+    root = small_vault(tmp_path / "vault")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
+                    extra=engine_config())
+    note = root / "How To" / "Long draft.md"
+    words = "lantern quartz meadow falcon copper thistle orbit velvet canyon ember".split()
+    big = "# Draft\n\n" + "\n\n".join(
+        f"## Part {i}\n\n" + " ".join(f"{words[(i + j) % len(words)]}{i}" for j in range(60))
+        for i in range(300))
+    with d:
+        wait_embedded(d)
+
+        def queued() -> tuple[dict, float]:
+            st = d.call("status")
+            return st["buffers"], st["engines"]["embedding"]["query_engine"]["bulk_paused_s"]
+
+        with d.client() as editor:
+            assert editor.call("buffer_set", path=str(note), text=big)["to_embed"] >= 290
+            assert queued()[0]["held"] == 1
+            # its next version, a line: only that line's texts wait
+            editor.call("buffer_set", path=str(note), text="# Draft\n\nOne line for now.\n")
+            assert queued()[0]["to_embed"] <= 1
+            editor.call("buffer_set", path=str(note), text=big)
+            assert editor.call("buffer_drop", path=str(note)) == {"dropped": True}
+            got, paused = queued()
+            assert got == {"held": 0, "to_embed": 0}, got
+            # the query engine at rest: the bulk engine no longer paused for it, once the
+            # batch in the engine's hands (if one was) is done; before, it went on for minutes
+            deadline = time.monotonic() + 30
+            while True:
+                time.sleep(2.0)
+                before, paused = paused, queued()[1]
+                if paused == before:
+                    break
+                assert time.monotonic() < deadline, (before, paused)
+            assert d.call("status")["doing"] == "idle"
+            editor.call("buffer_set", path=str(note), text=big)
+        # its client gone: the same
+        deadline = time.monotonic() + 5
+        while (got := queued()[0]) != {"held": 0, "to_embed": 0}:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.02)

@@ -154,6 +154,7 @@ class BufferStore:
                 if h not in self._vectors and h not in cached:
                     new[h] = self._model_prefix() + embed_text(c.record.heading, c.record.body)
             self._todo.update(new)
+            self._forget_unheld()  # (the version this one replaces: its texts not in this)
             self._lock.notify_all()
         return {"path": sources.printable(str(abspath)), "source": src.name,
                 "version": version, "chunks": len(chunks), "to_embed": len(new)}
@@ -161,12 +162,27 @@ class BufferStore:
     def drop(self, session: int, path: str) -> bool:
         key = (session, str(Path(path)))
         with self._lock:
-            return self._by_key.pop(key, None) is not None
+            dropped = self._by_key.pop(key, None) is not None
+            self._forget_unheld()
+            return dropped
 
     def drop_session(self, session: int) -> None:
         with self._lock:
             for key in [k for k in self._by_key if k[0] == session]:
                 del self._by_key[key]
+            self._forget_unheld()
+
+    def _forget_unheld(self) -> None:
+        """Out of the queue, the texts no buffer holds any more (with the lock held): a
+        buffer dropped, saved, replaced by its next version or its client gone. Left there,
+        a dropped 500 KB buffer's 391 texts kept the query engine busy for minutes, each
+        batch pausing the bulk embedding and slowing every search (a fresh-user walk)."""
+        if not self._todo:
+            return
+        held = {c.record.embed_hash for b in self._by_key.values() for c in b.chunks}
+        for h in [h for h in self._todo if h not in held]:
+            del self._todo[h]
+        self._lock.notify_all()  # (wait_embedded: nothing may be left)
 
     def count(self, session: int | None = None) -> int:
         with self._lock:

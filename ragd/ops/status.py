@@ -30,10 +30,12 @@ def _bulk(space) -> bool:
     return bool(todo) and have < PARTIAL_FUSION_FROM * (have + todo)
 
 
-def doing(indexer: str, pending: int, engines: dict, text: dict | None) -> str:
+def doing(indexer: str, pending: int, engines: dict, text: dict | None,
+          unsaved: int = 0) -> str:
     """What the daemon is doing, in a few words for the status header: the indexer's work
     first, then the embedding engine's (being prepared or started is not idle), then the
-    vectors to come, then the keyword index being filled."""
+    vectors to come (editors' unsaved text first: `unsaved` texts), then the keyword index
+    being filled."""
     if indexer != "idle" or pending:
         return indexer if indexer != "idle" else "indexing"
     e = engines.get("embedding") or {}
@@ -47,6 +49,8 @@ def doing(indexer: str, pending: int, engines: dict, text: dict | None) -> str:
     if embedder in ("waiting for engine", "loading vectors"):
         return "loading vectors" if embedder == "loading vectors" else \
             "starting the embedding engine"
+    if unsaved:
+        return f"embedding editors' unsaved text ({unsaved:,} texts to go)"
     if e.get("pending_texts"):
         return f"embedding ({e['pending_texts']:,} texts to go)"
     if embedder == "embedding":  # the last batch in flight (its texts may be gone since)
@@ -113,6 +117,9 @@ class StatusOps:
             })
         s = self.p.indexer.stats
         text = self.p.text.status() if self.p.text is not None else None
+        bufs = self.p.buffers
+        unsaved = {"held": bufs.count(), "to_embed": bufs.pending()} if bufs is not None \
+            else {"held": 0, "to_embed": 0}
         return {
             "pid": os.getpid(), "version": __version__, "protocol": P.PROTOCOL_VERSION,
             "uptime_s": round(time.time() - self.p.started, 3),
@@ -120,7 +127,9 @@ class StatusOps:
             "log": str(self.p.cfg.log_path),
             "config": str(self.p.cfg.path) if self.p.cfg.path else None,
             "pending": pending, "idle": idle, "indexer": self.p.indexer.state,
-            "doing": doing(self.p.indexer.state if not idle else "idle", pending, engines, text),
+            "doing": doing(self.p.indexer.state if not idle else "idle", pending, engines, text,
+                           unsaved["to_embed"]),
+            "buffers": unsaved,
             "sources": per_source, "engines": engines, "hints": hints,
             "connections": {"open": self.p.server.connections if self.p.server else None,
                             "limit": self.p.cfg.max_connections},
