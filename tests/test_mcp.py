@@ -354,7 +354,9 @@ def test_bad_requests_get_errors_and_the_server_goes_on(daemon, vault, tmp_path)
              "search: 'sources'[0] must be string, got integer"),
             ("search", {"query": "x", "colour": "red"},
              "search: unknown argument(s) 'colour'; it takes query, k, mode, sources, rerank, "
-             "wait"),
+             "path, tag, since, before, wait"),
+            ("search", {"query": "x", "since": [2024]},
+             "search: 'since' must be string or number, got array"),
             ("status", {"verbose": True}, "status: unknown argument(s) 'verbose'; it takes none"),
             ("get", {"path": str(vault / NOTE), "line_start": 0},
              "get: 'line_start' must be at least 1, got 0"),
@@ -366,6 +368,12 @@ def test_bad_requests_get_errors_and_the_server_goes_on(daemon, vault, tmp_path)
         res = m.call("search", {"query": "recurring tasks", "k": 2.0})
         assert res.get("isError") is not True, res
         assert len(res["structuredContent"]["results"]) == 2, res
+        # the daemon's filters (a fresh-user walk: an agent could not narrow by tag or date)
+        res = m.call("search", {"query": "custom statuses", "path": "How To/*", "k": 5})
+        hits = res["structuredContent"]["results"]
+        assert hits and all("/How To/" in h["path"] for h in hits), res
+        res = m.call("search", {"query": "recurring tasks", "since": "bogus"})
+        assert res["isError"] is True and "since" in text_of(res), res
         # ... and what only the daemon can tell, it tells.
         res = m.call("search", {"query": "x", "sources": ["nope"]})
         assert res["isError"] is True and "no source named 'nope'" in text_of(res)

@@ -35,9 +35,8 @@ class Tool:
                 "annotations": {"title": self.title, **self.annotations}}
 
 
-# search's arguments, passed to the daemon's search op under the same names. The filters the
-# second half of issue 12 brings (path, tag, since, before) are one entry each here, once the
-# daemon's search op takes them.
+# search's arguments, passed to the daemon's search op under the same names (its filters
+# included: an agent narrowing to a folder, a tag or recent notes asks as ragctl does).
 SEARCH_ARGS: dict[str, dict] = {
     "query": {"type": "string", "minLength": 1,
               "description": "What to look for, in words; \"quoted phrases\" must match as "
@@ -53,6 +52,20 @@ SEARCH_ARGS: dict[str, dict] = {
     "rerank": {"type": "boolean",
                "description": "Reorder the top results with the cross-encoder, when one is "
                               "configured (default: the daemon's setting)."},
+    "path": {"type": "string", "minLength": 1,
+             "description": "Only files whose path (relative to their source's folder) matches "
+                            "this glob, e.g. \"Projects/*\" or \"*.pdf\"; without a wildcard, "
+                            "that file or folder."},
+    "tag": {"type": "string", "minLength": 1,
+            "description": "Only notes with this Obsidian tag (\"#\" optional; \"a\" also "
+                           "matches \"a/b\")."},
+    "since": {"type": ["string", "number"],
+              "description": "Only notes dated since then: an ISO date (2026-11-01), today, "
+                             "yesterday, 7d, 2w, 3m, 1y, or Unix seconds. A note's date is the "
+                             "one it states (frontmatter, a daily note's name), else its "
+                             "file's modification time."},
+    "before": {"type": ["string", "number"],
+               "description": "Only notes dated before then (as since)."},
     "wait": {"type": "number", "minimum": 0, "maximum": 60,
              "description": "First wait up to this many seconds until files changed just "
                             "before are searchable (e.g. right after editing a note)."},
