@@ -9,9 +9,10 @@ small blocking client, and the rules for finding the daemon's socket (so that ``
 Framing. A connection speaks one of two encodings, chosen by its first byte:
 
 * msgpack frames: a 4-byte big-endian length, then a msgpack map of that many bytes;
-* JSON lines: one JSON object per line (the first byte is ``{``), for editor plugins without
-  msgpack. A length prefix can never start with ``{`` (0x7B), as that would announce a frame of
-  over 2 GB, far above :data:`MAX_FRAME`.
+* JSON lines: one JSON object per line (the first byte is ``{``, or white space or a UTF-8
+  byte order mark before it), for editor plugins without msgpack. A length prefix can start
+  with none of these: any first byte but 0 announces a frame of over 16 MB, above
+  :data:`MAX_FRAME`.
 
 Requests are maps ``{"id": any, "op": str, "args": map}``; replies are ``{"id": same, "result":
 ...}`` or ``{"id": same, "error": {"code": str, "message": str}}``.
@@ -136,10 +137,21 @@ def pack(msg: dict, encoding: str = MSGPACK) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
+# The first bytes a JSON-lines client may send (see the module's docstring): a JSON client
+# that writes a space, a newline or a byte order mark first got a msgpack reply, "frame of
+# 538999586 bytes", about a frame it never sent (a fresh-user walk)
+JSON_FIRST = (b"{", b" ", b"\t", b"\r", b"\n", b"\xef")
+
+
+def encoding_of_first(first: bytes) -> str:
+    """The encoding a connection speaks, from its first byte."""
+    return JSONL if first in JSON_FIRST else MSGPACK
+
+
 def unpack_payload(data: bytes, encoding: str) -> Any:
     """Decode one payload (without its framing); raises ValueError when undecodable."""
     if encoding == JSONL:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(data.decode("utf-8").removeprefix("\ufeff"))
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types for bad input

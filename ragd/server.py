@@ -176,7 +176,7 @@ def encoding_of(conn: socket.socket, wait: float) -> str:
         first = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except (OSError, ValueError):
         return P.MSGPACK
-    return P.JSONL if first == b"{" else P.MSGPACK
+    return P.encoding_of_first(first)
 
 
 def linger_close(conn: socket.socket, max_bytes: int = 1 << 20, seconds: float = 0.5) -> None:
@@ -352,7 +352,7 @@ class Server:
             if not first:
                 return
             conn.settimeout(SEND_TIMEOUT)  # bounds sendall; reads block in recv below
-            encoding = P.JSONL if first == b"{" else P.MSGPACK
+            encoding = P.encoding_of_first(first)
             try:
                 if encoding == P.JSONL:
                     self._serve_jsonl(conn, session)

@@ -137,6 +137,19 @@ def test_json_lines(daemon):
     s.close()
 
 
+def test_json_lines_may_begin_with_white_space_or_a_byte_order_mark(daemon):
+    """A JSON client that wrote a space, a newline or a UTF-8 BOM first got a msgpack reply
+    about a 538999586-byte frame it never sent (a fresh-user walk): those bytes can start no
+    msgpack frame under MAX_FRAME, so they mean JSON lines too."""
+    for start in (b"  ", b"\n\n", b"\t", b"\r\n", b"\xef\xbb\xbf"):
+        s = raw(daemon)
+        f = s.makefile("rb")
+        s.sendall(start + b'{"id": 7, "op": "ping"}\n{"id": 8, "op": "ping"}\n')
+        assert read_line(f)["id"] == 7, start
+        assert read_line(f)["result"]["pid"] == daemon.proc.pid, start
+        s.close()
+
+
 def test_json_line_without_end_is_bounded(daemon):
     s = raw(daemon)
     s.sendall(b'{"id": 1, "op": "ping", "pad": "' + b"x" * (P.MAX_FRAME + 10))
