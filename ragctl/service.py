@@ -114,6 +114,9 @@ def install(config: str | None, start: bool = True, handover=None) -> list[str]:
                 raise RuntimeError(f"launchctl load failed ({msg}); run: launchctl load -w "
                                    f"{path}")
             done.append("loaded it with launchctl: ragd runs now and at each login")
+        else:  # (--no-start: what starts it, said)
+            done.append(f"not loaded (--no-start); to run ragd now and at each login: "
+                        f"launchctl load -w {path}")
         return done
     path = unit_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,6 +138,10 @@ def install(config: str | None, start: bool = True, handover=None) -> list[str]:
                                    f"&& systemctl --user enable --now {UNIT_NAME}")
         done.append("enabled and started it: ragd runs now and at each login "
                     "(systemctl --user status ragd)")
+    else:
+        done.append(f"not started (--no-start); to run ragd now and at each login: "
+                    f"systemctl --user daemon-reload && systemctl --user enable --now "
+                    f"{UNIT_NAME}")
     return done
 
 

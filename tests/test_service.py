@@ -71,6 +71,9 @@ def test_service_install_names_the_config_ragctl_uses(tmp_path):
     cmd = shlex.split(_unit(unit)["Service"]["ExecStart"])
     assert cmd == [sys.executable, "-P", "-m", "ragd", "--config", str(cfg)], cmd
     assert f"(ragd reads {cfg})" in r.stdout, r.stdout
+    # what starts it, said (a fresh-user walk found no next step)
+    assert "systemctl --user daemon-reload && systemctl --user enable --now ragd.service" \
+        in r.stdout, r.stdout
     _verify(unit, env, tmp_path)
     assert _runs_ragd(cmd, sock)["config"] == str(cfg)
     other = write_config(tmp_path / "other.toml", tmp_path / "data", sock, [])
