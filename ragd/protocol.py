@@ -219,8 +219,18 @@ def run_record(config: Path, env=os.environ) -> Path:
 
 
 def write_run_record(config: Path, sock: Path, env=os.environ) -> None:
+    """This daemon's record; the records of daemons no longer running (killed: a stop
+    removes its own) are removed, so the folder holds no more than the daemons running."""
     path = run_record(config, env)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for other in path.parent.glob("*.json"):
+        try:
+            pid = int(json.loads(other.read_text())["pid"])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            other.unlink(missing_ok=True)
+        except (OSError, ValueError, KeyError, TypeError):  # (another user's pid: alive)
+            pass
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"config": os.path.realpath(config), "socket": str(sock),
                                "pid": os.getpid()}))

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,11 @@ from pathlib import Path
 import pytest
 
 from ragd import protocol as P
+
+# The daemons started here keep their run records (protocol.run_record) in this folder, not in
+# the home of whoever runs the tests (when $XDG_RUNTIME_DIR is set, they go there: a daemon
+# removes its own at a stop, and those of daemons killed at the next start)
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="ragd-tests-state-")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RAGD_SHARED", ROOT.parent / "shared"))

@@ -7,6 +7,8 @@ import os
 import socket
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -260,3 +262,28 @@ def _foreign_ping(daemon):
     assert reply["error"]["code"] == P.FORBIDDEN
     assert "uid 65534" in reply["error"]["message"]
     assert daemon.call("ping")["pid"] == daemon.proc.pid
+
+
+def test_run_records_name_the_running_daemons_only(tmp_path):
+    """A daemon's run record (protocol.run_record): keyed by its config's real path; a stop
+    removes it only while it is still its own; the records of killed daemons (a dead pid) go
+    at the next daemon's start."""
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    cfg, other = tmp_path / "a.toml", tmp_path / "b.toml"
+    cfg.write_text("")
+    other.write_text("")
+    (tmp_path / "link.toml").symlink_to(cfg)
+    P.write_run_record(cfg, tmp_path / "a.sock", env)
+    assert P.recorded_socket(tmp_path / "link.toml", env) == (tmp_path / "a.sock", os.getpid())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    P.run_record(other, env).write_text(json.dumps(
+        {"config": str(other), "socket": "/nowhere.sock", "pid": dead.pid}))
+    P.write_run_record(cfg, tmp_path / "a2.sock", env)  # (a start again: the dead one goes)
+    assert P.recorded_socket(other, env) is None
+    assert P.recorded_socket(cfg, env) == (tmp_path / "a2.sock", os.getpid())
+    P.run_record(cfg, env).write_text(json.dumps(
+        {"config": str(cfg), "socket": "/later.sock", "pid": 1}))  # a later daemon's
+    P.drop_run_record(cfg, env)
+    assert P.recorded_socket(cfg, env) == (Path("/later.sock"), 1)  # not this one's to drop
+    assert P.recorded_socket(None, env) is None
