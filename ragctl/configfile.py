@@ -183,7 +183,7 @@ def remove_source(path: Path, name: str) -> str:
                 del existing[i]
     text = tomlkit.dumps(doc)
     # the last table removed leaves the blank line before it at the end, and the next add
-    # puts another before its table: the two piled up (a fresh-user walk)
+    # puts another before its table: two would pile up
     _write(path, text.rstrip("\n") + "\n" if text.endswith("\n\n") else text)
     return name
 

@@ -138,8 +138,8 @@ def pack(msg: dict, encoding: str = MSGPACK) -> bytes:
 
 
 # The first bytes a JSON-lines client may send (see the module's docstring): a JSON client
-# that writes a space, a newline or a byte order mark first got a msgpack reply, "frame of
-# 538999586 bytes", about a frame it never sent (a fresh-user walk)
+# that writes a space, a newline or a byte order mark first would otherwise get a msgpack
+# reply about a frame it never sent
 JSON_FIRST = (b"{", b" ", b"\t", b"\r", b"\n", b"\xef")
 
 

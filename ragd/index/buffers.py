@@ -175,8 +175,8 @@ class BufferStore:
     def _forget_unheld(self) -> None:
         """Out of the queue, the texts no buffer holds any more (with the lock held): a
         buffer dropped, saved, replaced by its next version or its client gone. Left there,
-        a dropped 500 KB buffer's 391 texts kept the query engine busy for minutes, each
-        batch pausing the bulk embedding and slowing every search (a fresh-user walk)."""
+        they would keep the query engine busy for nothing, each batch pausing the bulk
+        embedding and slowing every search, with status saying idle."""
         if not self._todo:
             return
         held = {c.record.embed_hash for b in self._by_key.values() for c in b.chunks}

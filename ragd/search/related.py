@@ -53,9 +53,9 @@ def nearest_notes(db: sqlite3.Connection, vectors, vecs, k: int, exclude, asked=
     left out: [(file id, (its closest chunk, the score, the index of the asked chunk it is
     close to))], best first. A link counts for less when either end is boilerplate, by the end
     more notes share (boilerplate.weight, as in search): a chunk many notes hold, and one of
-    the asked note's sections that `asked[i]` notes share (distinct_sections) — a template's
-    "Action items" in three meeting notes linked one of them to every note about a wiki or a
-    summary (a fresh-user walk)."""
+    the asked note's sections that `asked[i]` notes share (distinct_sections): a template's
+    "Action items" in three meeting notes would link each of them to every note about what
+    the items name."""
     hits = vectors.nearest_to_any(vecs, k * 30, np.array(sorted(exclude), dtype=np.int64))
     common = boilerplate.shared(db, [h[0] for h in hits])
     best: dict[int, tuple[int, float, int]] = {}
