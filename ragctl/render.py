@@ -144,10 +144,11 @@ def _bold(text: str, color: bool) -> str:
     return f"\033[1m{text}\033[0m" if color else text
 
 
-def _jump(r: dict) -> str:
-    """A result's path:line, its best matching line (a terminal or editor jumps there)."""
+def _jump(r: dict, name: str | None = None) -> str:
+    """A result's path:line, its best matching line (a terminal or editor jumps there); `name`:
+    its path as shown, when not the printable one."""
     at = r.get("match_lines") or []
-    return f"{_one_line(r['path'])}:{at[0] if at else r['line_start']}"
+    return f"{_one_line(r['path']) if name is None else name}:{at[0] if at else r['line_start']}"
 
 
 def print_jump(r: dict) -> None:
@@ -158,9 +159,8 @@ def print_jump(r: dict) -> None:
         print(_jump(r))
         return
     exact = os.fsdecode(base64.b64decode(r["path_bytes"]))  # (its bytes as surrogates)
-    at = r.get("match_lines") or []
-    line = "".join(ch if "\udc80" <= ch <= "\udcff" else _one_line(ch) for ch in exact) + \
-        f":{at[0] if at else r['line_start']}"
+    line = _jump(r, "".join(ch if "\udc80" <= ch <= "\udcff" else _one_line(ch)
+                            for ch in exact))
     sys.stdout.flush()
     sys.stdout.buffer.write(os.fsencode(line) + b"\n")
 
