@@ -529,11 +529,34 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
                                         ).fetchone()[0])
         reading["v"]["parser"] = 4
         db.execute("UPDATE meta SET value = ? WHERE key = 'reading'", (json.dumps(reading),))
+    ids = chunk_ids(db)
     db.close()
     with d:
         d.wait_idle()
         assert found(d.call("search", query="≤", mode="bm25", wait=10)) == ["keys.md"]
         assert found(d.call("search", query=":=", mode="bm25")) == ["walrus.md"]
+        totals = d.call("status")["totals"]
+    # every file was read again; only those whose chunks came out otherwise were rewritten:
+    # the two blanked here, and launch.md, whose alias the step above blanked (m007 gives
+    # back symbol words, not aliases). The others keep their rows: nothing is pushed through
+    # the text index and the vectors again.
+    db = sqlite3.connect(tmp_path / "data" / "index.sqlite3")
+    now = chunk_ids(db)
+    db.close()
+    rewritten = ("keys.md", "walrus.md", "launch.md")
+    assert totals["files_indexed"] == len(ids) and totals["chunks_written"] == sum(
+        len(ids[f]) for f in rewritten), totals
+    assert {f: c for f, c in now.items() if f not in rewritten} == {
+        f: c for f, c in ids.items() if f not in rewritten}
+
+
+def chunk_ids(db) -> dict[str, list[int]]:
+    """Each indexed file's chunk ids, in order."""
+    out: dict[str, list[int]] = {}
+    for rel, cid in db.execute("SELECT f.relpath, c.id FROM chunks c JOIN files f "
+                               "ON f.id = c.file_id ORDER BY f.relpath, c.ordinal"):
+        out.setdefault(rel, []).append(cid)
+    return out
 
 
 def test_a_shown_line_holds_its_match():

@@ -334,6 +334,24 @@ def put_file(db: sqlite3.Connection, source: str, relpath: str, size: int, mtime
     return file_id
 
 
+def same_chunks(db: sqlite3.Connection, file_id: int, chunks: list[ChunkRecord],
+                meta: str | None) -> bool:
+    """Do a file's chunk rows hold exactly these records, and its row this meta (whose
+    aliases name the note: refresh_notes)? A file read again whose chunks come out the same
+    (every file is read again when the parser changes, and most of them chunk as before)
+    keeps its rows and their ids: rewriting them would push every chunk through the text
+    index again (a million chunks rewritten leave it refilled, twice, for minutes), and
+    through the vectors and the notes' rows, for nothing."""
+    if db.execute("SELECT meta FROM files WHERE id = ?", (file_id,)).fetchone()[0] != meta:
+        return False
+    old = db.execute("SELECT ordinal, heading, line_start, line_end, text, text_hash, "
+                     "embed_hash, body, keywords FROM chunks WHERE file_id = ? ORDER BY ordinal",
+                     (file_id,)).fetchall()
+    return len(old) == len(chunks) and all(
+        tuple(o) == (c.ordinal, c.heading, c.line_start, c.line_end, c.text, c.text_hash,
+                     c.embed_hash, c.body, c.keywords) for o, c in zip(old, chunks))
+
+
 def note_date_ns(meta: str | None) -> int | None:
     """The note's own date (its meta's `date`, as Doc.meta writes it) in nanoseconds, for
     files.note_date_ns; None when it states none."""

@@ -188,11 +188,14 @@ class Writes:
         if p.vectors is not None:
             self.listener.put_vectors(db, *p.vectors)  # in this transaction
             embedded = len(p.vectors[1])
+        meta = json.dumps(doc.meta(), ensure_ascii=False)
+        same = row is not None and store.same_chunks(db, row["id"], records, meta)
         store.put_file(db, src.name, rel, content.size, content.mtime_ns, content.hash,
-                       "indexed", "; ".join(doc.warnings) or None, records, changes,
-                       meta=json.dumps(doc.meta(), ensure_ascii=False))
+                       "indexed", "; ".join(doc.warnings) or None, None if same else records,
+                       changes, meta=meta)
         self.stats.files_indexed += 1
-        self.stats.chunks_written += len(records)
+        if not same:
+            self.stats.chunks_written += len(records)
         if embedded is None:
             self._emit("indexed", src.name, rel, chunks=len(records))
         else:  # its vectors committed with it
