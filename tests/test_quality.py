@@ -550,6 +550,40 @@ def test_a_symbol_is_found_as_grep_finds_it(make_daemon, tmp_path, index):
         f: c for f, c in ids.items() if f not in rewritten}
 
 
+@pytest.mark.parametrize("index", ["tantivy", "fts5"])
+def test_a_literal_match_is_every_word_in_one_chunk(make_daemon, tmp_path, index):
+    """Below the similarity threshold, a query whose every word, phrase and symbol one chunk
+    holds is a literal match, answered; one whose words are held only apart, or not at all,
+    is not. tantivy answers it when it serves (FTS5 walks every word's whole list: over
+    100 ms for a question of ten words at a million chunks); both give the same answers."""
+    root = tmp_path / "v"
+    root.mkdir()
+    (root / "boat.md").write_text("# Boat\n\nThe kayak paddle is under the stairs.\n")
+    (root / "bike.md").write_text("# Bike\n\nThe bicycle pump is in the shed. ⛔\n")
+    d = make_daemon(sources=[{"name": "v", "path": str(root), "kind": "folder"}],
+                    extra=engine_config(extra=f'[search]\nbm25_index = "{index}"\n'
+                                              'min_similarity = 0.99\n'))
+    with d:
+        wait_embedded(d)
+        d.wait_idle()
+        deadline = time.monotonic() + 30  # (tantivy fills after the first index)
+        while d.call("search", query="kayak", mode="bm25").get("bm25_index") != index:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        for query, answered in (("kayak paddle stairs", "boat.md"),
+                                ('"kayak paddle" under', "boat.md"),
+                                ("the bicycle pump ⛔", "bike.md"),
+                                ("kayak pump", None), ("the kayak ⛔", None),
+                                ("kayak zeppelin", None)):
+            res = d.call("search", query=query, mode="vector", k=5)
+            if answered:
+                assert res["below_threshold"] is True and \
+                    Path(res["results"][0]["path"]).name == answered, (query, res)
+            else:
+                assert res["results"] == [] and res["reason"].startswith(
+                    "nothing relevant"), (query, res)
+
+
 def chunk_ids(db) -> dict[str, list[int]]:
     """Each indexed file's chunk ids, in order."""
     out: dict[str, list[int]] = {}

@@ -355,6 +355,18 @@ class TextIndex(outbox.OutboxSync):
             for t in tokens]), files)
         return bool(searcher.search(q, 1, count=False).hits)
 
+    def holds_all(self, searcher, terms: list, files=None) -> bool:
+        """Does a chunk (of these file ids, when given) hold every part of `terms` (as `terms`
+        gives them: words, phrases, symbols)?"""
+        import tantivy
+        if not terms or any(df == 0 for _, _, df in terms):
+            return False
+        q = self._only_in(tantivy.Query.boolean_query([
+            (tantivy.Occur.Must, tantivy.Query.term_query(self.schema, "text", toks[0])
+             if len(toks) == 1 else tantivy.Query.phrase_query(self.schema, "text", toks))
+            for _, toks, _ in terms]), files)
+        return bool(searcher.search(q, 1, count=False).hits)
+
     def in_file(self, searcher, tokens: list[str], file_id: int) -> bool:
         """Does a chunk of the file hold these tokens (one token, or a phrase)?"""
         import tantivy

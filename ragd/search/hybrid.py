@@ -417,7 +417,7 @@ class Searcher:
             if weak_vectors:
                 # a chunk holding every word of the query is a literal match, relevant
                 # whatever the cosine (rare names and identifiers embed poorly)
-                if not bm25.all_terms_match(q.db, q.text, filters):
+                if not self._all_terms(q):
                     return self._nothing(r, filters.narrowed, "vector", q.text)
                 r.below_threshold = True
             return True
@@ -461,6 +461,18 @@ class Searcher:
                 or None in counts or symbols(q.text):
             return bm25.content_match(q.db, q.text, q.filters)
         return any(counts)
+
+    def _all_terms(self, q: _Query) -> bool:
+        """Does some chunk the filters let through hold every word, phrase and symbol of the
+        query (bm25.all_terms_match)? Asked of tantivy when it serves this snapshot: FTS5
+        walks the lists of every word of a question, "is" and "of" too (over 100 ms for one
+        of ten words at a million chunks), where tantivy skips through them. An editor's
+        buffer is FTS5's to search (q.bufs), as the rankings do."""
+        searcher = q.text_view[0] if q.text_view is not None else None
+        if searcher is None or q.bufs or self.text is None:
+            return bm25.all_terms_match(q.db, q.text, q.filters)
+        terms = q.terms if q.terms is not None else self.text.terms(searcher, q.db, q.text)
+        return self.text.holds_all(searcher, terms, q.files)
 
     def _gap(self, q: _Query, first: int) -> float | None:
         """How far the cosine of `first` stands above the best chunk of another note in the
@@ -517,14 +529,15 @@ class Searcher:
         # A lookup of a few words: its chunks by meaning alone must be as close to the query
         # itself as a match by meaning alone must be (the threshold + MEANING_MARGIN): the
         # words answer a lookup, and a note beside it by a weak cosine is noise. (A few:
-        # all_terms_match is then cheap, and asked of most searches' meaning-only tails.)
+        # _all_terms is then cheap over FTS5 too, and asked of most searches' meaning-only
+        # tails.)
         bar = floor if len(content_terms(q.text)) > 3 else \
             max(floor, round(self.threshold() + MEANING_MARGIN, 4))
         own = q.own if q.own is not None else {c: parts[c].get("vector", bar) for c in alone}
         last = min(own.values(), default=-1.0)
         far = [c for c in alone if parts[c].get("vector", floor) >= floor
                and own.get(c, last) < bar]
-        if far and bm25.all_terms_match(q.db, q.text, q.filters):  # (asked only then)
+        if far and self._all_terms(q):  # (asked only then)
             weak += far
         for c in weak:
             del ranked[c]
