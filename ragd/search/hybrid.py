@@ -127,6 +127,10 @@ class Searcher:
         self.text = text  # index/textindex.py: serves the BM25 ranking once filled
         self.engines = engines
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="query-embed")
+        # The whole-note BM25 has threads of its own: behind the query-embed pool's queue, a
+        # few clients at once during a bulk embedding (every thread there waiting seconds on
+        # the engine) left a 1-6 ms walk queued for 300-650 ms.
+        self._notes_pool = ThreadPoolExecutor(2, thread_name_prefix="query-notes")
         self.vectors = vectors  # the VectorStore (index/vectorstore.py)
         self.buffers = buffers  # unsaved editor buffers (index/buffers.py), an overlay
         self.boilerplate = boilerplate.Known()  # boilerplate counts while no chunk changes
@@ -400,7 +404,7 @@ class Searcher:
                 got = notes.note_evidence(db, text, 1.0, dfs, self.buffers, bufs, exclude)
             return got, round((time.perf_counter() - t) * 1e3, 2)
 
-        q.notes = self._pool.submit(work)
+        q.notes = self._notes_pool.submit(work)
 
     def _anything_relevant(self, q: _Query, r: Ranking) -> bool:
         """'Nothing relevant' when neither signal has anything: no vector above the similarity
