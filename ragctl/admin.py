@@ -27,6 +27,7 @@ def do_eval(args) -> int:
     modes = ["bm25", "vector", "hybrid"] if args.mode == "all" else [args.mode]
     with connect(args, timeout=120) as c:
         roots = {s["name"]: s["path"] for s in c.call("sources")}
+        evaluate.relative(questions, roots)
         gone = evaluate.missing(questions, roots)
         if gone:
             print(f"ragctl: eval: {len(gone)} relevant path{'s' * (len(gone) > 1)} in no "

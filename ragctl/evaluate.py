@@ -1,7 +1,7 @@
 """`ragctl eval QUESTIONS.jsonl`: how well ragd finds the notes that answer your questions.
 
 The file holds one JSON object per line: ``question``, ``relevant`` (paths relative to a source
-root, of every note that answers it), and optionally ``id`` and ``kind`` (any label: the
+root, or whole as ``search -l`` prints them, of every note that answers it), and optionally ``id`` and ``kind`` (any label: the
 figures are given per kind too). A line with no ``relevant`` (or an empty list) is an
 out-of-scope question: the vault does not answer it, and the figure is how many were answered
 "nothing relevant" or flagged low-confidence.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -127,13 +128,33 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
     return out
 
 
+def relative(questions: list[dict], roots: dict[str, str]) -> None:
+    """Each relevant path given whole (as `search -l` prints it) made relative to the source
+    root that holds it, as the results are compared: whole, it never matched, and the
+    figures were 0 with nothing said. One outside every root is left whole (`missing`)."""
+    for q in questions:
+        q["relevant"] = [_relative(p, roots) for p in q["relevant"]]
+
+
+def _relative(path: str, roots: dict[str, str]) -> str:
+    whole = os.path.expanduser(path)
+    if not os.path.isabs(whole):
+        return path
+    for root in roots.values():
+        inside = root.rstrip("/") + "/"
+        if whole.startswith(inside):
+            return whole[len(inside):]
+    return path
+
+
 def missing(questions: list[dict], roots: dict[str, str]) -> list[str]:
-    """The relevant paths no source root holds on disk (renamed, moved, deleted, or a
-    typo): their questions can only miss."""
+    """The relevant paths no source root holds on disk (renamed, moved, deleted, a typo, or
+    a whole path outside every source): their questions can only miss."""
     out = []
     for q in questions:
         for rel in q["relevant"]:
-            if not any((Path(root) / rel).is_file() for root in roots.values()) \
+            if (os.path.isabs(os.path.expanduser(rel)) or not any(
+                    (Path(root) / rel).is_file() for root in roots.values())) \
                     and rel not in out:
                 out.append(rel)
     return out

@@ -192,7 +192,9 @@ def test_eval_measures_by_note(make_daemon, tmp_path):
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("\n".join(json.dumps(q) for q in [
         {"id": "a", "question": "orchards", "relevant": ["apples.md"], "kind": "keyword"},
-        {"id": "b", "question": "sweet trees", "relevant": ["pears.md"], "kind": "keyword"},
+        # a whole path, as search -l prints it, is the same note
+        {"id": "b", "question": "sweet trees", "relevant": [str(root / "pears.md")],
+         "kind": "keyword"},
         {"id": "c", "question": "dough", "relevant": ["apples.md"], "kind": "other"},
         {"id": "o", "question": "quantum chromodynamics"},
     ]) + "\n")
@@ -221,6 +223,13 @@ def test_eval_measures_by_note(make_daemon, tmp_path):
         r = ragctl("--config", d.config, "eval", qfile)
         assert r.returncode == 0 and "1 relevant path in no source" in r.stderr \
             and "pears.md" in r.stderr, r.stderr
+        outside = tmp_path / "elsewhere.md"  # a whole path in no source is named too
+        outside.write_text("# Elsewhere\n\nOrchards.\n")
+        (tmp_path / "q2.jsonl").write_text(json.dumps(
+            {"question": "orchards", "relevant": [str(outside)]}) + "\n")
+        r = ragctl("--config", d.config, "eval", tmp_path / "q2.jsonl")
+        assert "1 relevant path in no source" in r.stderr and str(outside) in r.stderr, \
+            r.stderr
         bad = tmp_path / "bad.jsonl"
         bad.write_text('{"question": "x"}\n{not json\n')
         r = ragctl("--config", d.config, "eval", bad)
