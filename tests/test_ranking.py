@@ -146,6 +146,10 @@ def test_nothing_relevant_gives_no_results(tmp_path, cosine):
     assert reply["results"] == []
     assert reply["reason"].startswith("nothing relevant: no note holds a content word"), reply
     assert reply["best_similarity"] == pytest.approx(cosine, abs=1e-3)
+    # the threshold is the config's here, and named so
+    assert reply["reason"].endswith(
+        "(search.min_similarity)" if cosine < MIN_SIMILARITY else
+        f"(the threshold {MIN_SIMILARITY:.3f} + {MEANING_MARGIN}: search.min_similarity)"), reply
     # the same question close enough in meaning is answered, by meaning alone
     s.embedder.say(SOURDOUGH, towards(axis(0), MIN_SIMILARITY + 2 * MEANING_MARGIN))
     reply = s.search(SOURDOUGH)

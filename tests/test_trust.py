@@ -249,6 +249,8 @@ def test_a_word_no_note_holds_is_nothing_relevant(trust_daemon):
                                                                      "note holds a content "
                                                                      "word"), res
             assert "similarity" in res["reason"], res["reason"]
+            # the threshold is the model's (no search.min_similarity here): said so
+            assert "(the model's; search.min_similarity sets another)" in res["reason"], res
             vec = d.call("search", query=word, mode="vector")
             assert vec["results"] == [] and "content word" not in vec["reason"], vec["reason"]
             assert "similarity" in vec["reason"], vec["reason"]

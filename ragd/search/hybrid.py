@@ -570,10 +570,13 @@ class Searcher:
             close = "no chunk has a vector to compare yet"
         elif r.best_similarity is not None:
             bar = r.meaning_bar if why == "meaning" else self.threshold()
+            # (the threshold is the model's measured one unless the config sets it)
+            named = "search.min_similarity" if self.cfg.min_similarity >= 0 else \
+                "the model's; search.min_similarity sets another"
             close = (f"the best similarity {r.best_similarity:.3f} is below "
-                     + (f"the {bar:.3f} a match by meaning alone needs (search.min_similarity "
-                        f"+ {MEANING_MARGIN})" if why == "meaning" else
-                        f"the threshold {bar:.3f} (search.min_similarity)"))
+                     + (f"the {bar:.3f} a match by meaning alone needs (the threshold "
+                        f"{self.threshold():.3f} + {MEANING_MARGIN}: {named})"
+                        if why == "meaning" else f"the threshold {bar:.3f} ({named})"))
         else:
             close = None
         if why == "word":
