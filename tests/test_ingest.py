@@ -240,6 +240,17 @@ def test_document_titles_and_dates_from_headers():
         "Assignment Expressions > Abstract"
     doc = documents.parse_text("Title: x\nnot a header\n", "plain")
     assert doc.title == "plain"  # headers only when every line up to a blank one is one
+    # one line alone dates a document (a fresh-user walk's notes kept by date), and titles
+    # nothing; a lone line that is no date, or runs on into the text, is no header
+    for kind, parse in (("txt", documents.parse_text), ("rst", documents.parse_rst)):
+        doc = parse("Created: 2024-02-03\n\nShopping list.\n", "a")
+        assert (doc.meta()["date"], doc.meta()["date_from"]) == ("2024-02-03",
+                                                                 "header Created"), kind
+        assert doc.title == "a"
+        assert "date" not in parse("Note: 2024-02-03 was a Saturday\n\nx\n", "b").meta()
+        assert "date" not in parse("Created: 2024-02-03\nShopping list.\n", "c").meta()
+    doc = documents.parse_text("Title: Okapis\n\nText.\n", "d")
+    assert doc.title == "d" and "date" not in doc.meta()
     doc = markdown.parse("---\ndate: 2024-03-05\ncreated: 2020-01-01\n---\nx\n", "n")
     assert (doc.meta()["date"], doc.meta()["date_from"]) == ("2024-03-05", "frontmatter date")
 

@@ -38,10 +38,10 @@ def paragraphs(lines: list[str], start: int = 0, end: int | None = None) -> list
 HEADER = re.compile(r"^([A-Za-z][A-Za-z0-9\-]*):(?:[ \t]+(.*))?$")  # ('Post-History:' empty)
 
 
-def headers(lines: list[str]) -> dict[str, str]:
+def headers(lines: list[str], least: int = 2) -> dict[str, str]:
     """The RFC 822 style headers a document opens with, as a PEP's (`PEP: 572`, `Title:
     Assignment Expressions`, `Created: 28-Feb-2018`, continued on indented lines), up to the
-    first blank line; {} when it does not open with at least two of them."""
+    first blank line; {} when it does not open with at least `least` of them."""
     out: dict[str, str] = {}
     last = None
     for line in lines:
@@ -55,7 +55,7 @@ def headers(lines: list[str]) -> dict[str, str]:
             out[last] += " " + line.strip()
         else:
             return {}
-    return out if len(out) >= 2 else {}
+    return out if len(out) >= least else {}
 
 
 def retitle(doc: Doc, title: str) -> None:
@@ -75,7 +75,11 @@ def _with_headers(doc: Doc) -> Doc:
     key, value = next(iter(found.items()), ("", ""))
     if value.isascii() and value.isdigit() and f"{key} {int(value)}" not in doc.aliases:
         doc.aliases.append(f"{key} {int(value)}")
-    if (dated := dates.from_fields(found, "header")) is not None:
+    # One line alone is a header only when it dates the document ("Created: 2024-02-03",
+    # then a blank line): "Note: call Bob" opening a text is no title, but a date line is
+    # what it says, and --since would otherwise go by the file's modification time.
+    lone = headers(doc.lines[:2], least=1) if not found else {}
+    if (dated := dates.from_fields(found or lone, "header")) is not None:
         doc.date, doc.date_from = dated
     return doc
 

@@ -14,8 +14,9 @@ MARKDOWN = (".md", ".markdown")
 # How files become Docs: another version reads every file again once (runtime._reading), so
 # that what a new parser finds (2: a note's date, a document's title; 3: a number as a
 # document's name; 4: arrows and mathematical signs as words; 5: ASCII operators too, ':='
-# '->'; 6: an empty note as one chunk of its title) is in the index.
-PARSER = 6
+# '->'; 6: an empty note as one chunk of its title; 7: a document's date from one header
+# line) is in the index.
+PARSER = 7
 SLOW = (".pdf",)  # read through a helper program, which may take seconds: off the main lane
 # A file this large is read and chunked off the main lane too, whatever its type: its chunking
 # takes long enough to hold up the small notes saved after it
