@@ -39,11 +39,12 @@ def do_search(args) -> int:
             # the rule is the share of the keywords' first chunks that have theirs, when
             # known: the index's share may be past 95% while theirs is not
             theirs = "" if found is None else \
-                f", {100 * found:.0f}% of the chunks these words found first"
+                f", {100 * found:.0f}% of the best keyword matches"
             if str(res.get("fusion", "")).startswith("bm25 order"):
-                how = (f"{theirs}: keyword order, meaning ordering only the embedded "
-                       f"among them, until 95% of {'those' if theirs else 'them'} are in; a "
-                       f"clear meaning match goes near the top")
+                how = (f"{theirs}: results keep keyword order until 95% of "
+                       f"{'those' if theirs else 'the index'} have vectors (those that do are "
+                       f"ordered by meaning too, and a clear match by meaning is moved near "
+                       f"the top)")
             elif found is not None and found >= 0.95:
                 how = f"{theirs}: the rest are being embedded"
             else:

@@ -219,7 +219,7 @@ def test_a_source_being_embedded_leaves_the_others_fused(trust_daemon, tmp_path)
             assert [x["path"] for x in res["results"][:3]] == \
                 [x["path"] for x in before["results"][:3]]
             cli = ragctl("--config", d.config, "search", query)
-            assert "100% of the chunks these words found first: the rest are being embedded" in cli.stderr, cli.stderr
+            assert "100% of the best keyword matches: the rest are being embedded" in cli.stderr, cli.stderr
             # a search the new source answers is still ranked by keywords first
             stew = d.call("search", query="lentils with cumin", k=5)
             assert stew["candidate_coverage"] < 0.95 and stew["fusion"].startswith("bm25 ")
@@ -229,10 +229,10 @@ def test_a_source_being_embedded_leaves_the_others_fused(trust_daemon, tmp_path)
             res = d.call("search", query=mixed, k=5)
             assert res["fusion"].startswith("bm25 order") and res["vector_coverage"] > 0.8, res
             cli = ragctl("--config", d.config, "search", "-k", "5", mixed)
-            assert (f"of the index so far, {100 * res['candidate_coverage']:.0f}% of the chunks "
-                    f"these words found first: keyword order, meaning ordering only the "
-                    f"embedded among them, until 95% of those are in; a clear meaning match "
-                    f"goes near the top") in cli.stderr, cli.stderr
+            assert (f"of the index so far, {100 * res['candidate_coverage']:.0f}% of the best "
+                    f"keyword matches: results keep keyword order until 95% of those have "
+                    f"vectors (those that do are ordered by meaning too, and a clear match by "
+                    f"meaning is moved near the top)") in cli.stderr, cli.stderr
 
 
 def test_a_word_no_note_holds_is_nothing_relevant(trust_daemon):
