@@ -12,7 +12,7 @@ from ragd import protocol as P
 from ragctl.client import Fail, call, connect, emit
 from ragctl.paths import split_range
 from ragctl.render import (_Progress, _bold, _count, _excerpt, _explain, _head, _jump, _lines,
-                           _mark, _one_line, _pattern, _terms, print_jump)
+                           _mark, _one_line, _pattern, _terms, print_jumps)
 
 
 def do_search(args) -> int:
@@ -93,8 +93,7 @@ def do_search(args) -> int:
             print(f"no results ({res.get('reason') or 'nothing matched'})",
                   file=sys.stderr if args.paths else sys.stdout)
         if args.paths:  # a line per result: `| head -3` is three, `| xargs`, an editor's list
-            for r in res["results"]:
-                print_jump(r)
+            print_jumps(res["results"])
             return
         terms = _terms(query)
         for i, r in enumerate(res["results"], 1):
@@ -177,8 +176,7 @@ def do_related(args) -> int:
             print(f"no related notes ({res.get('reason') or 'none found'})",
                   file=sys.stderr if args.paths else sys.stdout)
         if args.paths:
-            for r in res["results"]:
-                print_jump(r)
+            print_jumps(res["results"])
             return
         for i, r in enumerate(res["results"], 1):
             title = _one_line(r.get("title") or Path(r["path"]).stem)

@@ -151,6 +151,28 @@ def _jump(r: dict, name: str | None = None) -> str:
     return f"{_one_line(r['path']) if name is None else name}:{at[0] if at else r['line_start']}"
 
 
+def print_jumps(results: list[dict]) -> None:
+    """The results' path:line, one a line, as -l prints them. A file gone from disk since it
+    was indexed is left out, as grep -l lists no file that is not there (`| xargs` would fail
+    on it); stderr says how many."""
+    gone = 0
+    for r in results:
+        if r.get("stale") and not os.path.lexists(_exact(r)):
+            gone += 1
+            continue
+        print_jump(r)
+    if gone:
+        sys.stdout.flush()
+        print(f"({_count(gone, 'result')} gone from disk since indexed: not listed)",
+              file=sys.stderr)
+
+
+def _exact(r: dict) -> str:
+    """A result's path as the file system names it (a name that is not UTF-8: its bytes as
+    surrogates)."""
+    return os.fsdecode(base64.b64decode(r["path_bytes"])) if "path_bytes" in r else r["path"]
+
+
 def print_jump(r: dict) -> None:
     """A result's path:line as -l prints it: a name that is not UTF-8 as its exact bytes (its
     printable form has U+FFFD where they were, which no file is named: `| xargs` needs the
@@ -158,9 +180,8 @@ def print_jump(r: dict) -> None:
     if "path_bytes" not in r:
         print(_jump(r))
         return
-    exact = os.fsdecode(base64.b64decode(r["path_bytes"]))  # (its bytes as surrogates)
     line = _jump(r, "".join(ch if "\udc80" <= ch <= "\udcff" else _one_line(ch)
-                            for ch in exact))
+                            for ch in _exact(r)))
     sys.stdout.flush()
     sys.stdout.buffer.write(os.fsencode(line) + b"\n")
 

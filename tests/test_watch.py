@@ -412,6 +412,10 @@ def test_event_stream_and_a_vanished_root_keeps_its_files(make_daemon, tmp_path)
         assert d.call("search", query="lemurs", k=5)["results"]
         r = ragctl("--config", d.config, "search", "lemurs")
         assert "(gone from disk since indexed)" in r.stdout, r.stdout
+        # -l lists no file that is not there, as grep -l (`| xargs` would fail on it)
+        r = ragctl("--config", d.config, "search", "-l", "lemurs")
+        assert r.stdout == "" and "gone from disk since indexed: not listed" in r.stderr, \
+            (r.stdout, r.stderr)
         r = ragctl("--config", d.config, "status")  # said once, not as a second error
         assert r.stdout.count("is not there") == 1 and "last error" not in r.stdout, r.stdout
         # an edit made meanwhile, in the folder where it went, is not taken for the source's
