@@ -99,6 +99,12 @@ def test_the_note_only_meaning_finds_is_in_the_top_three(trust_daemon):
         hyb = d.call("search", query=HOUSEPLANT, k=5)
         assert hyb["vector_coverage"] == 1.0 and "feedback" in hyb
         assert rank_of(hyb, "Fiddle-leaf fig.md") <= 3, hyb["results"]
+        # few of a question's words are in the notes found, but the vectors single out the
+        # note that answers: no "low confidence" (a fresh-user walk: the right note first,
+        # flagged)
+        ficus = d.call("search", query="my potted ficus is shedding foliage", k=5)
+        assert ficus["trusted"] and rank_of(ficus, "Fiddle-leaf fig.md") == 1, ficus
+        assert ficus["confidence"] < 0.25 and ficus["low_confidence"] is False, ficus
         r = ragctl("--config", d.config, "search", "-l", "-k", "3", HOUSEPLANT)
         assert r.returncode == 0 and any(ln.split(":")[0].endswith("Fiddle-leaf fig.md")
                                          for ln in r.stdout.splitlines()), r.stdout

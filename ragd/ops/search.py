@@ -155,7 +155,7 @@ class SearchOps:
             # below the similarity threshold only keywords answer: then a literal match of
             # every distinctive word (a name, a made-up word) is sure, some of them are not
             # ("what is the capital of France" found "capital" and "Frances": confidence 0.55)
-            reply["low_confidence"] = conf < notes.LOW_CONFIDENCE or (
+            reply["low_confidence"] = (conf < notes.LOW_CONFIDENCE and r.trusted is None) or (
                 r.below_threshold and conf < 1.0) or (
                 r.weak_meaning and conf < notes.WEAK_CONFIDENCE)
         if unknown:  # "Todoist", "OAuth2": a name no note mentions
