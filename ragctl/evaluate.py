@@ -1,8 +1,8 @@
 """`ragctl eval QUESTIONS.jsonl`: how well ragd finds the notes that answer your questions.
 
 The file holds one JSON object per line: ``question``, ``relevant`` (paths relative to a source
-root, or whole as ``search -l`` prints them, of every note that answers it), and optionally ``id`` and ``kind`` (any label: the
-figures are given per kind too). A line with no ``relevant`` (or an empty list) is an
+root, or whole as ``search -l`` prints them, of every note that answers it), and optionally
+``id`` and ``kind`` (any label: the figures are given per kind too). A line with no ``relevant`` (or an empty list) is an
 out-of-scope question: the vault does not answer it, and the figure is how many were answered
 "nothing relevant" or flagged low-confidence.
 

@@ -37,9 +37,10 @@ def sweep(db: sqlite3.Connection, grace_s: float, now: float | None = None) -> G
     """One pass on the caller's connection (the indexer runs it): the entries nothing uses
     are looked for first, outside the write transaction, and checked again in it."""
     now = time.time() if now is None else now
-    # Over the cache's key index alone: a scan of the table reads every vector with its key
-    # and held the index's write lock for 16 s at a million chunks (no edit indexed, the
-    # other writers waiting); the keys are a few percent of it. An entry used again before
+    # Over the cache's key index alone, and before the write lock is taken: a scan of the
+    # table reads every vector with its key, for seconds in a large index, and in the
+    # transaction no edit was indexed and the other writers waited; the keys are a few
+    # percent of it. An entry used again before
     # the transaction below is not marked; one unused since is marked by the next sweep.
     unused = db.execute(f"SELECT space, text_hash FROM embeddings WHERE {UNUSED}").fetchall()
     with store.transaction(db):

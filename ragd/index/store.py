@@ -340,7 +340,7 @@ def same_chunks(db: sqlite3.Connection, file_id: int, chunks: list[ChunkRecord],
     aliases name the note: refresh_notes)? A file read again whose chunks come out the same
     (every file is read again when the parser changes, and most of them chunk as before)
     keeps its rows and their ids: rewriting them would push every chunk through the text
-    index again (a million chunks rewritten leave it refilled, twice, for minutes), and
+    index again (enough of them have it filled anew, for minutes in a large index), and
     through the vectors and the notes' rows, for nothing."""
     if db.execute("SELECT meta FROM files WHERE id = ?", (file_id,)).fetchone()[0] != meta:
         return False

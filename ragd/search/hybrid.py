@@ -127,9 +127,9 @@ class Searcher:
         self.text = text  # index/textindex.py: serves the BM25 ranking once filled
         self.engines = engines
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="query-embed")
-        # The whole-note BM25 has threads of its own: behind the query-embed pool's queue, a
-        # few clients at once during a bulk embedding (every thread there waiting seconds on
-        # the engine) left a 1-6 ms walk queued for 300-650 ms.
+        # The whole-note BM25 has threads of its own: in the query-embed pool's queue, whose
+        # threads may all be waiting on the engine while several clients search during a bulk
+        # embedding, a walk of a few milliseconds waited for hundreds.
         self._notes_pool = ThreadPoolExecutor(2, thread_name_prefix="query-notes")
         self.vectors = vectors  # the VectorStore (index/vectorstore.py)
         self.buffers = buffers  # unsaved editor buffers (index/buffers.py), an overlay
@@ -469,8 +469,8 @@ class Searcher:
     def _all_terms(self, q: _Query) -> bool:
         """Does some chunk the filters let through hold every word, phrase and symbol of the
         query (bm25.all_terms_match)? Asked of tantivy when it serves this snapshot: FTS5
-        walks the lists of every word of a question, "is" and "of" too (over 100 ms for one
-        of ten words at a million chunks), where tantivy skips through them. An editor's
+        walks the lists of every word of a question, "is" and "of" too (in a large index the
+        slowest step of a long question's search), where tantivy skips through them. An editor's
         buffer is FTS5's to search (q.bufs), as the rankings do."""
         searcher = q.text_view[0] if q.text_view is not None else None
         if searcher is None or q.bufs or self.text is None:
