@@ -712,6 +712,27 @@ def test_search_hits_carry_the_title_and_the_matching_lines(daemon, vault, tmp_p
         assert f"  {x['line']}: {x['text'].strip()}" in block
 
 
+def test_a_hit_from_an_editors_unsaved_text_says_so(daemon, vault, tmp_path):
+    """An editor's unsaved buffer stands in for its file in every client's search: an agent
+    got its lines unmarked, and `get` of that range read other lines of the saved file (or
+    none past its end). The hit says `unsaved`, and its text tells the agent."""
+    note = vault / "Other Plugins" / "Kanban Plugin.md"
+    saved = note.read_text(encoding="utf-8")
+    with daemon.client() as editor:
+        editor.call("buffer_set", path=str(note),
+                    text="\n" * 40 + saved + "\nflumbersnatch is here\n")
+        with Mcp("--config", daemon.config, tmp=tmp_path) as m:
+            schema = tool_schemas(m.result("tools/list", meta())["tools"])["search"]
+            res = m.call("search", {"query": "flumbersnatch", "mode": "bm25"}, modern=True)
+            assert m.close() == 0
+    out = res["structuredContent"]
+    jsonschema.validate(out, schema["outputSchema"])
+    hit = out["results"][0]
+    assert hit["path"] == str(note) and hit["unsaved"] is True, out
+    assert "(unsaved text in an editor, not on disk: get reads the saved file" in \
+        text_of(res), text_of(res)
+
+
 def test_rerank_wanted_without_a_reranker_is_said(daemon, tmp_path):
     """rerank: true on a daemon with no reranker was silently ignored: the result says it was
     not reranked and why (the daemon's rerank_reason), in its text too."""

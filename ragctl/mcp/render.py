@@ -41,12 +41,20 @@ def search_text(out: dict) -> str:
             "  (file changed since indexed: lines may have moved)" if os.path.exists(h["path"]) \
             else "  (file gone from disk since indexed)"
         lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']}"
-                      f"{' — ' + head if head else ''}  (score {h['score']:.4g}){stale}"]
+                      f"{' — ' + head if head else ''}  (score {h['score']:.4g}){stale}"
+                      f"{_unsaved(h)}"]
         if h.get("matches"):
             lines += ["matching lines:"] + [f"  {m['line']}: {m['text'].strip()}"
                                             for m in h["matches"]] + ["passage:"]
         lines.append(h["text"])
     return "\n".join(lines)
+
+
+def _unsaved(h: dict) -> str:
+    """An editor's buffer stands in for its file: its lines are not the file's, which get
+    would read."""
+    return ("  (unsaved text in an editor, not on disk: get reads the saved file, whose lines "
+            "may differ)") if h.get("unsaved") else ""
 
 
 def get_text(out: dict, limit: int) -> str:
@@ -121,5 +129,6 @@ def related_text(out: dict) -> str:
         frm = h["link"]["from"]
         lines += ["", f"[{i}] {h['path']}:{h['line_start']}-{h['line_end']} — "
                       f"{h.get('title') or h['heading']}  (similarity {h['score']:.3f}; close to "
-                      f"{_lines(frm['line_start'], frm['line_end'])} of {what})", h["text"]]
+                      f"{_lines(frm['line_start'], frm['line_end'])} of {what}){_unsaved(h)}",
+                  h["text"]]
     return "\n".join(lines)

@@ -82,6 +82,9 @@ _HIT = obj({
     "text": {"type": "string", "description": "the passage, as in the file"},
     "stale": {"type": "boolean", "description": "the file changed since it was indexed: the "
                                                 "lines may have moved"},
+    "unsaved": {"type": "boolean",
+                "description": "the passage is an editor's unsaved text of this file, not what "
+                               "is on disk: get reads the file, whose lines may differ"},
 }, required=("path", "source", "line_start", "line_end", "heading", "score", "text"),
     closed=False)
 
