@@ -831,6 +831,8 @@ def test_every_tool_error_starts_with_the_tools_name(daemon, vault, tmp_path):
                  ("search", {"query": "x", "k": 0}, "'k' must be at least 1, got 0"),
                  ("get", {"path": "/etc/passwd"}, "not inside a configured source"),
                  ("get", {"path": f"{vault / NOTE}:9999"}, "past the end"),
+                 ("get", {"path": f"{vault / NOTE}:5-9", "line_start": 1},
+                  "the path ends in a range (:5-9) and line_start or line_end is given too"),
                  ("related", {}, "give either 'path' (a note) or 'text' (a passage)"),
                  ("related", {"path": str(vault / NOTE)}, "no embedding model is configured"),
                  ("status", {"x": 1}, "unknown argument(s) 'x'")]

@@ -100,6 +100,13 @@ def test_requests_that_are_not_requests(daemon):
         assert reply["id"] == want_id, msg
         assert reply["error"]["code"] == code, (msg, reply)
         assert reply["error"]["message"]
+    # both of two arguments where one is wanted: the message says "not both"
+    for op, args in (("related", {"path": "/x.md", "text": "y"}),
+                     ("get", {"path": "/x.md", "path_bytes": "L3gubWQ="})):
+        s.sendall(P.pack({"id": 13, "op": op, "args": args}))
+        reply = read_frame(s)
+        assert reply["error"]["code"] == P.BAD_ARGS and reply["error"]["message"].endswith(
+            ", not both"), reply
     s.sendall(P.pack({"id": 99, "op": "search", "args": {"query": "!!! ??? ..."}}))
     assert read_frame(s)["result"]["results"] == []  # nothing searchable, not an error
     s.close()

@@ -5,12 +5,14 @@ related)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ragctl.mcp.daemon import CALL_TIMEOUT, Call, Daemon
 from ragctl.mcp.render import get_text, related_text, search_text, status_text
 from ragctl.mcp.schema import (BOOL, INT, OPT_STR, STR, BadArguments, known_keywords, obj)
+from ragctl.mcp.wire import ToolError
 from ragctl.paths import split_range
 
 
@@ -197,6 +199,11 @@ def run_get(daemon: Daemon, call: Call, args: dict) -> tuple[dict, str]:
     path, start, end = args["path"], args.get("line_start"), args.get("line_end")
     if start is None and end is None:
         path, start, end = split_range(path)
+    elif split_range(path)[1] is not None and not os.path.exists(path):
+        # (an agent copies a search hit's path:START-END and adds the lines: "no file
+        # ….md:5-9" would send it looking for another file)
+        raise ToolError(f"the path ends in a range (:{path.rsplit(':', 1)[1]}) and "
+                        f"line_start or line_end is given too: give the lines one way")
     want = {"path": path}
     want.update({k: v for k, v in (("line_start", start), ("line_end", end)) if v is not None})
     res = daemon.call(call, "get", **want)

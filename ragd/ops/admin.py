@@ -36,7 +36,8 @@ class AdminOps:
         """The text of a file inside a source, read from disk now (see ragd/ingest/excerpt.py).
         path_bytes: the path's bytes in base64, as results give a name that is not UTF-8."""
         if (path is None) == (path_bytes is None):
-            raise OpError(P.BAD_ARGS, "get: give either 'path' or 'path_bytes'")
+            raise OpError(P.BAD_ARGS, "get: give either 'path' or 'path_bytes'"
+                          + (", not both" if path is not None else ""))
         path = args.path_of("get", path, path_bytes)
         args.absolute("get", path)
         try:

@@ -41,7 +41,8 @@ class RelatedOps:
         t0 = time.perf_counter()
         path = args.path_of("related", path, path_bytes)  # (a name that is not UTF-8)
         if (path is None) == (text is None):
-            raise OpError(P.BAD_ARGS, "related: give either 'path' or 'text'")
+            raise OpError(P.BAD_ARGS, "related: give either 'path' or 'text'"
+                          + (", not both" if path is not None else ""))
         if path is not None:
             args.absolute("related", path)
             # its other Unicode form, or the name a result printed with U+FFFD: as get finds
