@@ -221,8 +221,9 @@ def test_the_daemon_moves_to_a_graph_past_its_threshold_and_restarts_from_snapsh
 
 
 def test_a_graph_whose_chunks_all_changed_is_saved_once_they_settle(make_daemon, tmp_path):
-    """Every file read again (a parser upgrade: new chunk ids, each vector from the cache,
-    nothing to embed): the graph is saved whole once the changes have settled, not only at a
+    """Every file read again and every chunk rewritten (a parser upgrade that changes every
+    chunk's keywords: new chunk ids, each vector from the cache, nothing to embed): the graph
+    is saved whole once the changes have settled, not only at a
     stop, which could not write it in time at 100k chunks: every start after it built the
     graph again from the cache (6 minutes at 1M). Here the daemon is killed, so no stop
     saves it. (A third of the graph or more changed: written whole, not listed beside it.)"""
@@ -244,6 +245,9 @@ def test_a_graph_whose_chunks_all_changed_is_saved_once_they_settle(make_daemon,
         how["parser"] = -1  # read by another parser: every file is read again
     with db:
         db.execute("UPDATE meta SET value = ? WHERE key = 'reading'", (json.dumps(reading),))
+        # ... and its chunks come out otherwise (a file whose chunks come out as stored keeps
+        # its rows): their texts, and so their vectors, as before
+        db.execute("UPDATE chunks SET keywords = keywords || ' by-the-old-parser'")
     ids = {r[0] for r in db.execute("SELECT id FROM chunks")}
     d.start()
     try:
