@@ -2,9 +2,9 @@
 
 The file holds one JSON object per line: ``question``, ``relevant`` (paths relative to a source
 root, or whole as ``search -l`` prints them, of every note that answers it), and optionally
-``id`` and ``kind`` (any label: the figures are given per kind too). A line with no ``relevant`` (or an empty list) is an
-out-of-scope question: the vault does not answer it, and the figure is how many were answered
-"nothing relevant" or flagged low-confidence.
+``id`` and ``kind`` (any label: the figures are given per kind too). A line with no
+``relevant`` (or an empty list) is an out-of-scope question: the vault does not answer it,
+and the figure is how many were answered "nothing relevant" or flagged low-confidence.
 
 Each question is searched as a person would (over the socket, the daemon's defaults); a note
 counts once, at the rank of its best result. Metrics, by note: hit@1, hit@3, hit@5 (a relevant
@@ -92,9 +92,7 @@ def run(client, questions: list[dict], mode: str | None, sources: list[str] | No
             coverage = min(res["vector_coverage"], 1.0 if coverage is None else coverage)
         ranked: list[str] = []
         for r in res["results"]:
-            root = roots.get(r["source"])
-            rel = str(Path(r["path"]).relative_to(root)) if root and \
-                r["path"].startswith(root.rstrip("/") + "/") else r["path"]
+            rel = _relative(r["path"], roots)
             if rel not in ranked:
                 ranked.append(rel)
         row = {"id": q["id"], "kind": q["kind"], "question": q["question"], "top": ranked[:5],

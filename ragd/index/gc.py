@@ -40,8 +40,8 @@ def sweep(db: sqlite3.Connection, grace_s: float, now: float | None = None) -> G
     # Over the cache's key index alone, and before the write lock is taken: a scan of the
     # table reads every vector with its key, for seconds in a large index, and in the
     # transaction no edit was indexed and the other writers waited; the keys are a few
-    # percent of it. An entry used again before
-    # the transaction below is not marked; one unused since is marked by the next sweep.
+    # percent of it. An entry used again before the transaction below is not marked; one
+    # unused since is marked by the next sweep.
     unused = db.execute(f"SELECT space, text_hash FROM embeddings WHERE {UNUSED}").fetchall()
     with store.transaction(db):
         db.execute(f"UPDATE embeddings SET orphaned_at = NULL WHERE orphaned_at IS NOT NULL "

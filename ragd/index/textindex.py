@@ -362,18 +362,20 @@ class TextIndex(outbox.OutboxSync):
         if not terms or any(df == 0 for _, _, df in terms):
             return False
         q = self._only_in(tantivy.Query.boolean_query([
-            (tantivy.Occur.Must, tantivy.Query.term_query(self.schema, "text", toks[0])
-             if len(toks) == 1 else tantivy.Query.phrase_query(self.schema, "text", toks))
-            for _, toks, _ in terms]), files)
+            (tantivy.Occur.Must, self._part(toks)) for _, toks, _ in terms]), files)
         return bool(searcher.search(q, 1, count=False).hits)
+
+    def _part(self, tokens: list[str]):
+        """The query of one part of a query: a token, or a phrase of several."""
+        import tantivy
+        return (tantivy.Query.term_query(self.schema, "text", tokens[0]) if len(tokens) == 1
+                else tantivy.Query.phrase_query(self.schema, "text", tokens))
 
     def in_file(self, searcher, tokens: list[str], file_id: int) -> bool:
         """Does a chunk of the file hold these tokens (one token, or a phrase)?"""
         import tantivy
-        q = (tantivy.Query.term_query(self.schema, "text", tokens[0]) if len(tokens) == 1 else
-             tantivy.Query.phrase_query(self.schema, "text", tokens))
         q = tantivy.Query.boolean_query([
-            (tantivy.Occur.Must, q),
+            (tantivy.Occur.Must, self._part(tokens)),
             (tantivy.Occur.Must, tantivy.Query.term_query(self.schema, "file_id", file_id))])
         return bool(searcher.search(q, 1, count=False).hits)
 
@@ -408,19 +410,15 @@ class TextIndex(outbox.OutboxSync):
         each query part's chunk count (as doc_freqs gives it); `terms`: what `terms` gave for
         this query and searcher, when it was asked already."""
         import tantivy
-        schema = self.schema
         if searcher is None:
             return []
         if terms is None:
             terms = self.terms(searcher, db, query, dfs)
         total = max(searcher.num_docs, 1)
         clauses, kept = [], []
-        for _part, toks, df in terms:
+        for _, toks, df in terms:
             common = df > total * share
-            if len(toks) == 1:
-                q = tantivy.Query.term_query(schema, "text", toks[0])
-            else:
-                q = tantivy.Query.phrase_query(schema, "text", toks)
+            q = self._part(toks)
             clauses.append(q)
             if not common:
                 kept.append(q)

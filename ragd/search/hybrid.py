@@ -473,10 +473,14 @@ class Searcher:
         slowest step of a long question's search), where tantivy skips through them. An editor's
         buffer is FTS5's to search (q.bufs), as the rankings do."""
         searcher = q.text_view[0] if q.text_view is not None else None
-        if searcher is None or q.bufs or self.text is None:
-            return bm25.all_terms_match(q.db, q.text, q.filters)
-        terms = q.terms if q.terms is not None else self.text.terms(searcher, q.db, q.text)
-        return self.text.holds_all(searcher, terms, q.files)
+        if searcher is not None and not q.bufs and self.text is not None:
+            try:
+                terms = q.terms if q.terms is not None else \
+                    self.text.terms(searcher, q.db, q.text)
+                return self.text.holds_all(searcher, terms, q.files)
+            except Exception:  # (tantivy failing: FTS5 answers, as it does the ranking)
+                pass
+        return bm25.all_terms_match(q.db, q.text, q.filters)
 
     def _gap(self, q: _Query, first: int) -> float | None:
         """How far the cosine of `first` stands above the best chunk of another note in the
@@ -672,6 +676,8 @@ class Searcher:
                 why = "fts5 (unsaved editor buffers are searched)"
             elif searcher is not None:
                 try:
+                    if q.terms is None:  # (kept: the literal-match check reads them too)
+                        q.terms = self.text.terms(searcher, db, query, q.dfs)
                     hits = self.text.search(searcher, db, query, n, share, files, q.dfs,
                                             q.terms)
                     signs = symbols(query)
