@@ -235,11 +235,13 @@ NOTE_POSTINGS = 20_000
 NOTE_FEW = 50
 
 
-def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> list[str]:
+def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None,
+               note_freq=None) -> list[str]:
     """The query parts the note-level BM25 uses: those in at most NOTE_COMMON_SHARE of the
     chunks or of the notes (or NOTE_FEW), the rarest first while their counts add up to
     NOTE_POSTINGS. `dfs`: the parts' chunk counts when the chunk ranking has them (tantivy's
-    cost nothing; FTS5's vocabulary walks each word's list)."""
+    cost nothing; FTS5's vocabulary walks each word's list). `note_freq`: part -> the notes
+    holding it, when the notes' tantivy index serves (else FTS5's vocabulary counts them)."""
     parts = query_parts(query)
     signs = list(dict.fromkeys(symbols(query)))
     if not parts and not signs:
@@ -264,7 +266,7 @@ def note_terms(db: sqlite3.Connection, query: str, dfs: dict | None = None) -> l
             # unless it is a filler word ("how", "the": in most notes anyway).
             if p.strip('"') in STOPWORDS:
                 continue
-            ndf = doc_freqs(db, [p], "notes_v")[0]
+            ndf = note_freq(p) if note_freq is not None else doc_freqs(db, [p], "notes_v")[0]
             walked += ndf
             if ndf > max(notes * NOTE_COMMON_SHARE, NOTE_FEW) or walked + ndf > NOTE_POSTINGS:
                 continue

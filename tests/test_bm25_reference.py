@@ -23,7 +23,7 @@ from rank_bm25 import BM25Okapi
 from conftest import SHARED, copy_vault
 from ragd import config
 from ragd.protocol import fold, operators
-from ragd.index import store
+from ragd.index import schema, store
 from ragd.index.indexer import Indexer
 from ragd.search import bm25
 from ragd.text import (HYBRID_COMMON_SHARE, WEIGHTS, content_terms, fts_query, index_tokens,
@@ -206,6 +206,39 @@ def test_tantivy_bm25_matches_rank_bm25(indexed, tantivy_index, query):
     assert all(scores[c] >= kth * 0.95 for c, _ in got)
 
 
+@pytest.mark.parametrize("query", QUERIES + ["⛔ blocked by", "recurrence rule parsing"])
+def test_the_notes_tantivy_index_ranks_whole_notes_as_bm25_and_as_notes_fts(
+        indexed, tantivy_index, query):
+    """The notes' index (one document a note: its notes_fts row, textindex.note_text) ranks
+    as BM25 on those tokens, for the parts the note-level BM25 keeps (text.note_terms; a
+    symbol as the word notes_fts holds it by). Its order is notes_fts's own, up to the column
+    weights FTS5 gives the title, tags and headings: the same best notes."""
+    from ragd.index.textindex import note_text
+    from ragd.text import note_terms, word_tokens
+    rows = indexed.execute("SELECT rowid, title, keywords, headings, body FROM notes_fts "
+                           "ORDER BY rowid").fetchall()
+    ids = [r[0] for r in rows]
+    ref = LuceneBM25([t.split() for t in index_tokens(indexed, [note_text(*r[1:])
+                                                                 for r in rows])],
+                     k1=1.2, b=0.75)
+    parts = note_terms(indexed, query)
+    assert parts, query
+    toks = [word_tokens(indexed, [p.strip('"')])[0].split() for p in parts]
+    if query.startswith("⛔"):  # (the symbol's word: notes_fts holds ⛔ as sym26d4)
+        assert ["sym26d4"] in toks
+    scores = dict(zip(ids, ref.get_scores([t for ts in toks for t in ts])))
+    searcher, why = tantivy_index.view(indexed)
+    assert why == "tantivy"
+    got = tantivy_index.note_search(searcher, toks, 10)
+    assert got and len(got) == min(10, sum(s > 0 for s in scores.values()))
+    for fid, score in got.items():  # as the reference scores it (lengths in one byte)
+        assert score == pytest.approx(scores[fid], rel=0.05), fid
+    ref_top = [i for i in sorted(scores, key=lambda i: -scores[i])[:10] if scores[i] > 0]
+    assert len(set(got) & set(ref_top)) >= 0.8 * len(ref_top), (got, ref_top)
+    fts = bm25.note_search(indexed, parts, 10)
+    assert len(set(list(got)[:5]) & set(list(fts)[:5])) >= 3, (got, fts)
+
+
 def test_tantivy_answers_only_for_the_snapshot_it_holds(tmp_path):
     """Never stale, never ahead: a search's snapshot with a commit the tantivy index has not
     taken yet (the sync thread stopped here) is answered by FTS5, which finds the new word;
@@ -236,9 +269,12 @@ def test_tantivy_answers_only_for_the_snapshot_it_holds(tmp_path):
     ti = synced_index()
     old_gen = ti._gen
     ti.stop()  # no sync from here on
-    with store.transaction(db):
+    with store.transaction(db):  # (as the indexer writes: its notes' rows rebuilt)
         db.execute("UPDATE chunks SET body = body || ' zyzzogeton' WHERE id = "
                    "(SELECT MIN(id) FROM chunks)")
+        schema.refresh_notes(db)
+    first_file = db.execute("SELECT file_id FROM chunks WHERE id = "
+                            "(SELECT MIN(id) FROM chunks)").fetchone()[0]
     searcher, why = ti.view(db)
     assert searcher is None and why.startswith("fts5 (") and "catching up" in why
     assert [h.chunk_id for h in bm25.search(db, "zyzzogeton", 5)] == \
@@ -246,13 +282,17 @@ def test_tantivy_answers_only_for_the_snapshot_it_holds(tmp_path):
 
     reader = store.connect(cfg.db_path)  # a snapshot taken before the sync below
     reader.execute("BEGIN")
-    assert reader.execute("SELECT COUNT(*) FROM text_outbox").fetchone()[0] == 1
+    # the chunk, and its note (its file id negated)
+    assert sorted(r[0] for r in reader.execute("SELECT chunk_id FROM text_outbox")) == \
+        [-first_file, db.execute("SELECT MIN(id) FROM chunks").fetchone()[0]]
     ti2 = synced_index()  # takes the commit: a new generation
     try:
         searcher, why = ti2.view(db)
         assert why == "tantivy" and ti2._gen > old_gen
         hits = ti2.search(searcher, db, "zyzzogeton", 5)
         assert [c for c, _ in hits] == [db.execute("SELECT MIN(id) FROM chunks").fetchone()[0]]
+        # the notes' index of the same generation holds the new word: in its note alone
+        assert list(ti2.note_search(searcher, [["zyzzogeton"]], 5)) == [first_file]
         # the old snapshot still sees its outbox entry: FTS5 for it, not the newer searcher
         assert ti2.view(reader)[0] is None
     finally:
@@ -329,7 +369,7 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         assert ti.pushed < 2 * chunks
         # a word of "Queries" notes only; a third of the chunks deleted with them
         word = "delimiter"
-        before = synced().doc_freq("text", index_tokens(db, [word])[0])
+        before = synced().chunks.doc_freq("text", index_tokens(db, [word])[0])
         assert before > 0
         # those notes renamed: their chunks are updated in place (same ids, new headings), and
         # each update leaves a deleted document behind as a delete does
@@ -338,8 +378,8 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         index()
         assert db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] == chunks - kanban
         searcher = synced()
-        assert searcher.doc_freq("text", index_tokens(db, [word])[0]) == before
-        assert searcher.num_docs == chunks - kanban
+        assert searcher.chunks.doc_freq("text", index_tokens(db, [word])[0]) == before
+        assert searcher.chunks.num_docs == chunks - kanban
         shutil.move(str(root / "Queries"), tmp_path / "Queries")
         index()
         assert db.execute("SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?",
@@ -347,8 +387,12 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
         left = db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
         assert chunks - left >= 0.25 * left  # (over REFILL_SHARE)
         searcher = synced()
-        assert searcher.num_docs == left
-        assert searcher.doc_freq("text", index_tokens(db, [word])[0]) == 0
+        assert searcher.chunks.num_docs == left
+        assert searcher.chunks.doc_freq("text", index_tokens(db, [word])[0]) == 0
+        # the notes' index with them: one document a note, none holding the word
+        assert searcher.notes.num_docs == db.execute(
+            "SELECT COUNT(DISTINCT file_id) FROM chunks").fetchone()[0]
+        assert searcher.notes.doc_freq("text", index_tokens(db, [word])[0]) == 0
         assert ti.pushed >= chunks + left  # filled anew
     finally:
         ti.stop()

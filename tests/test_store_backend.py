@@ -254,12 +254,14 @@ def test_kill_9_during_the_milvus_sync_converges_to_the_same_chunks(make_daemon,
         client.close()
 
 
-def tantivy_ids(data: Path) -> list[int]:
-    """The chunk ids the tantivy index in data/bm25 holds (read with the daemon stopped)."""
+def tantivy_ids(data: Path, folder: str = "bm25") -> list[int]:
+    """The ids the tantivy index in data/<folder> holds (read with the daemon stopped): chunk
+    ids, or the notes' file ids (bm25-notes)."""
     import tantivy
 
     from ragd.index.textindex import _schema
-    ix = tantivy.Index(_schema(), path=str(data / "bm25"), reuse=True)
+    ix = tantivy.Index(_schema(note=folder == "bm25-notes"), path=str(data / folder),
+                       reuse=True)
     s = ix.searcher()
     hits = s.search(tantivy.Query.all_query(), 100000, count=False).hits
     return s.fast_field_values("id", [a for _, a in hits])
@@ -267,8 +269,9 @@ def tantivy_ids(data: Path) -> list[int]:
 
 def test_kill_9_during_the_tantivy_sync_converges_to_the_same_chunks(make_daemon, tmp_path):
     """kill -9 while the tantivy index is filled and edits are synced, four times; then its
-    folder lost, then its folder garbage: after each clean run it holds exactly SQLite's
-    chunks, once each, and search reads it."""
+    folder lost, then its folder garbage, then the notes' folder lost: after each clean run
+    it holds exactly SQLite's chunks, once each, the notes' index exactly its notes, and
+    search reads it."""
     import signal
     import sqlite3
 
@@ -290,11 +293,15 @@ def test_kill_9_during_the_tantivy_sync_converges_to_the_same_chunks(make_daemon
     def check() -> None:
         db = sqlite3.connect(data / "index.sqlite3")
         chunks = sorted(r[0] for r in db.execute("SELECT id FROM chunks"))
+        files = sorted(r[0] for r in db.execute("SELECT rowid FROM notes_fts"))
         assert db.execute("SELECT COUNT(*) FROM text_outbox").fetchone()[0] == 0
         db.close()
         assert len(chunks) > 50 and sorted(tantivy_ids(data)) == chunks
+        assert len(files) > 10 and sorted(tantivy_ids(data, "bm25-notes")) == files
 
-    for damage in (None, "lost", "garbage"):
+    for damage in (None, "lost", "garbage", "notes lost"):
+        if damage == "notes lost":
+            shutil.rmtree(data / "bm25-notes")
         if damage == "lost":
             shutil.rmtree(data / "bm25")
         elif damage == "garbage":
@@ -308,7 +315,8 @@ def test_kill_9_during_the_tantivy_sync_converges_to_the_same_chunks(make_daemon
             assert len({r["path"] for r in res["results"]}) == 8, res
         check()
     log = (data / "ragd.log").read_text()
-    assert log.count("text index: filling") == 3, log  # the first, the lost, the garbage
+    # the first, the lost, the garbage, the notes' lost
+    assert log.count("text index: filling") == 4, log
     assert "is unreadable or of another format" in log
 
 

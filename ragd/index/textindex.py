@@ -35,6 +35,13 @@ commit not yet pushed (the few hundred ms after an edit, a move, or all through 
 indexing) is answered by FTS5, which is always in the snapshot; the reply's ``bm25_index``
 says which answered.
 
+The notes' index beside it (``bm25-notes``): each note's notes_fts row (title, aliases and tags,
+headings, its whole text) as one document, for the note-level BM25 of hybrid search
+(search/notes.py), which FTS5 answers only by scoring every note a query word is in. Its
+documents go through the same outbox, by the note's file id negated (a trigger on notes_dirty,
+where the chunks' triggers mark a note whose chunks changed), and both indexes are published
+under one generation: a snapshot's notes are as current as its chunks.
+
 The folder's identity (a random name in a file beside the index) is recorded in SQLite's meta
 when a fill begins and marked complete when the fill ends; a folder that is missing,
 unreadable, of another format or not the one recorded is rebuilt from SQLite, and a fill a
@@ -80,11 +87,15 @@ TRIGGERS = """
     CREATE TRIGGER IF NOT EXISTS text_chunks_ad AFTER DELETE ON chunks BEGIN
         INSERT OR REPLACE INTO text_outbox (chunk_id) VALUES (old.id);
     END;
+    CREATE TRIGGER IF NOT EXISTS text_notes_dirty AFTER INSERT ON notes_dirty BEGIN
+        INSERT OR REPLACE INTO text_outbox (chunk_id) VALUES (-new.file_id);
+    END;
 """
 UNINSTALL = """
     DROP TRIGGER IF EXISTS text_chunks_ai;
     DROP TRIGGER IF EXISTS text_chunks_au;
     DROP TRIGGER IF EXISTS text_chunks_ad;
+    DROP TRIGGER IF EXISTS text_notes_dirty;
     DROP TABLE IF EXISTS text_outbox;
     DELETE FROM meta WHERE key IN ('text_index', 'text_synced', 'text_deleted');
 """
@@ -105,8 +116,8 @@ def uninstall(db: sqlite3.Connection) -> None:
 # its body. FTS5 weighs a word of the heading or keywords columns 1.5 times one of the body;
 # tantivy has no such weights in one field, and a field each, their scores summed, ranked worse;
 # twice ranked best of the ways tried (docs/quality.md).
-FORMAT = "2"  # of the indexed text and schema: another format rebuilds the folder
-# (1 -> 2: symbol tokens)
+FORMAT = "3"  # of the indexed text and schema: another format rebuilds the folder
+# (1 -> 2: symbol tokens; 2 -> 3: the notes' index beside it)
 
 
 def search_text(heading: str, keywords: str, body: str) -> str:
@@ -122,23 +133,52 @@ def indexed_texts(db: sqlite3.Connection, rows) -> list[str]:
             for tokens, text in zip(index_tokens(db, texts), texts)]
 
 
-def _schema():
+def note_text(title: str, keywords: str, headings: str, body: str) -> str:
+    """The text a note is indexed as (its notes_fts row): its title, aliases and tags,
+    headings and whole body, each once. FTS5 weighs the first three 1.5 times the body
+    (NOTE_COLUMN_WEIGHTS); here, in one field, repeating them (as the chunks' heading and
+    keywords are) ranked no better (docs/quality.md). The symbols are the words notes_fts holds
+    them by (note_row): the note-level query's parts are FTS5's."""
+    return "\n".join(p for p in (title, keywords, headings, body) if p)
+
+
+def _schema(note: bool = False):
+    """The chunks' schema, or the notes' (`note`: their id is the file id)."""
     import tantivy
     sb = tantivy.SchemaBuilder()
     sb.add_integer_field("id", stored=False, indexed=True, fast=True)
-    sb.add_integer_field("file_id", stored=False, indexed=True, fast=False)
+    if not note:
+        sb.add_integer_field("file_id", stored=False, indexed=True, fast=False)
     sb.add_text_field("text", stored=False, tokenizer_name="whitespace",
                       index_option="position")
     return sb.build()
 
 
+class Searchers:
+    """One generation's searchers, published together: the chunks' and the notes'."""
+    __slots__ = ("chunks", "notes")
+
+    def __init__(self, chunks, notes):
+        self.chunks, self.notes = chunks, notes
+
+
+NOTE_PUSH = 256  # notes read and tokenized at a time (a note's row holds its whole text)
+
+
 class TextIndex(outbox.OutboxSync):
-    """The tantivy index (its folder, its sync thread) and the BM25 ranking read from it."""
+    """The tantivy indexes (their folders, their sync thread) and the BM25 rankings read from
+    them: the chunks' and, beside it, the notes' (each note's notes_fts row as one document,
+    for the note-level BM25: search/notes.py). Their ids share one outbox: a note's is its
+    file id, negated; both are committed, then published as one generation."""
 
     def __init__(self, db_path: Path, data_dir: Path):
         super().__init__("text-sync", backoff_max=60.0, db_path=db_path)
         self.dir = data_dir / "bm25"
+        self.notes_dir = data_dir / "bm25-notes"
         self.index = None
+        self.notes_index = None
+        self.notes_schema = None
+        self.notes_pushed = 0
         self.schema = None
         self.ident: str | None = None
         # generation -> searcher, the last few published (replaced in one assignment)
@@ -147,16 +187,19 @@ class TextIndex(outbox.OutboxSync):
         self._filled_here = False  # a fill begun by this run (not one a crash interrupted)
         self.serving = False  # filled: search may read it (when in step with its snapshot)
         self._writer = None
+        self._notes_writer = None
 
     # -- life ---------------------------------------------------------------------------------
 
     def stop(self) -> None:
         super().stop()
-        self._writer = None  # (dropping the writer releases tantivy's lock)
+        # (dropping the writers releases tantivy's locks)
+        self._writer = self._notes_writer = None
 
     def status(self) -> dict:
         out = {"engine": "tantivy", "path": str(self.dir), "state": self.state,
-               "serving": self.serving, "pending": self._pending, "pushed": self.pushed}
+               "serving": self.serving, "pending": self._pending, "pushed": self.pushed,
+               "notes_pushed": self.notes_pushed}
         if self.error:
             out["error"] = self.error
         return out
@@ -164,35 +207,44 @@ class TextIndex(outbox.OutboxSync):
     # -- the sync thread ----------------------------------------------------------------------
 
     def _open(self, db: sqlite3.Connection) -> None:
-        """Open the folder, or make a new one (a new identity: the next step fills it)."""
+        """Open the folders, or make new ones (a new identity: the next step fills them). The
+        identity is the chunks' folder's; the notes' folder goes with it (one of them lost or
+        unreadable: both are made anew)."""
         import tantivy
-        self.schema = _schema()
+        self.schema, self.notes_schema = _schema(), _schema(note=True)
         ident_file = self.dir / "ragd-ident"
         try:
             ident = ident_file.read_text().strip()
             if not ident.startswith(f"{FORMAT}:"):
                 raise ValueError(f"format {ident.split(':')[0]!r}, not {FORMAT!r}")
+            if not (self.notes_dir / "meta.json").exists():
+                raise ValueError(f"{self.notes_dir} is missing")
             index = tantivy.Index(self.schema, path=str(self.dir), reuse=True)
+            notes = tantivy.Index(self.notes_schema, path=str(self.notes_dir), reuse=True)
         except (OSError, ValueError) as e:
             if self.dir.exists():
                 log.warning("text index: %s is unreadable or of another format (%s); "
                             "rebuilding it from the index", self.dir, e)
-                shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir.mkdir(parents=True, exist_ok=True)
+            for d in (self.dir, self.notes_dir):
+                shutil.rmtree(d, ignore_errors=True)
+                d.mkdir(parents=True, exist_ok=True)
             index = tantivy.Index(self.schema, path=str(self.dir), reuse=False)
+            notes = tantivy.Index(self.notes_schema, path=str(self.notes_dir), reuse=False)
             ident = f"{FORMAT}:{uuid.uuid4().hex}"
             tmp = ident_file.with_suffix(".tmp")
             tmp.write_text(ident)
             tmp.replace(ident_file)
-        self.index, self.ident = index, ident
+        self.index, self.notes_index, self.ident = index, notes, ident
         self._writer = index.writer(HEAP_BYTES, 1)
+        self._notes_writer = notes.writer(HEAP_BYTES, 1)
         index.reload()
+        notes.reload()
         row = db.execute("SELECT value FROM meta WHERE key = 'text_synced'").fetchone()
         self._gen = int(row[0]) if row else 0
         self._publish(self._gen)
 
     def _publish(self, gen: int) -> None:
-        searcher = self.index.searcher()
+        searcher = Searchers(self.index.searcher(), self.notes_index.searcher())
         kept = {g: s for g, s in self._published.items() if g > gen - KEEP_SEARCHERS}
         kept[gen] = searcher
         self._published = kept
@@ -203,12 +255,14 @@ class TextIndex(outbox.OutboxSync):
             self._open(db)
 
     def _drop(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            try:
-                writer.rollback()
-            except Exception:  # the writer may be what failed
-                pass
+        writers = (self._writer, self._notes_writer)
+        self._writer = self._notes_writer = None
+        for writer in writers:
+            if writer is not None:
+                try:
+                    writer.rollback()
+                except Exception:  # the writer may be what failed
+                    pass
 
     def _step(self, db: sqlite3.Connection) -> None:
         seen = self._begin_step()  # what an empty outbox below proves synced
@@ -236,7 +290,7 @@ class TextIndex(outbox.OutboxSync):
                      self.dir, self.pushed)
         deleted = int(db.execute("SELECT COALESCE((SELECT value FROM meta WHERE key = "
                                  "'text_deleted'), 0)").fetchone()[0])
-        live = self.index.searcher().num_docs
+        live = self.index.searcher().num_docs + self.notes_index.searcher().num_docs
         if deleted >= max(REFILL_MIN, REFILL_SHARE * live):
             log.info("text index: %d documents deleted since it was filled still count in its "
                      "statistics (%d there); filling it anew", deleted, live)
@@ -248,54 +302,51 @@ class TextIndex(outbox.OutboxSync):
         self._sleep(IDLE_CHECK)
 
     def _begin_fill(self, db: sqlite3.Connection) -> None:
-        """Mark every chunk for the folder's index, then empty it; search reads FTS5 meanwhile
-        (the meta says filling first: a crash in between starts the fill over)."""
+        """Mark every chunk and note for the folders' indexes, then empty them; search reads
+        FTS5 meanwhile (the meta says filling first: a crash in between starts the fill
+        over)."""
         self.serving = False
         with store.transaction(db, self._stop):
             db.execute("INSERT OR REPLACE INTO text_outbox (chunk_id) SELECT id FROM chunks")
+            db.execute("INSERT OR REPLACE INTO text_outbox (chunk_id) SELECT -id FROM files")
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('text_index', ?)",
                        (f"{self.ident} filling",))
             db.execute("DELETE FROM meta WHERE key = 'text_deleted'")
-        self._writer.delete_all_documents()
-        self._writer.commit()
+        for w in (self._writer, self._notes_writer):
+            w.delete_all_documents()
+            w.commit()
         self._filled_here = True
         self.state = "filling"
         log.info("text index: filling %s", self.dir)
 
     def _push(self, db: sqlite3.Connection, batch, counted: bool = True) -> None:
-        """Delete the batch's ids, add those that exist, commit once; then unmark the batch.
-        `counted`: the deleted documents count towards a new fill (not while filling: an id
-        gone meanwhile was never added)."""
-        import tantivy
-        w = self._writer
-        # Documents this push leaves deleted (see REFILL_SHARE): those of chunks no longer
-        # there, and those of chunks updated in place (a moved note's new heading), which the
-        # index held before.
+        """Delete the batch's ids, add those that exist (a chunk, or a note: a negative id),
+        commit once each index; then unmark the batch. `counted`: the deleted documents count
+        towards a new fill (not while filling: an id gone meanwhile was never added)."""
         gone = 0
-        held = self.index.searcher() if counted else None
+        chunks = notes = 0
         for i in range(0, len(batch), BATCH):
             if self._stop.is_set():
                 # ragd is stopping: what this batch added is dropped, and its outbox rows
                 # stay, so the next start pushes it again (a fill: starts it over)
-                w.rollback()
+                self._writer.rollback()
+                self._notes_writer.rollback()
                 log.info("text index: stopping; %d chunks of this batch are pushed at the next "
                          "start", len(batch))
                 return
             ids = [cid for _, cid in batch[i:i + BATCH]]
-            rows = db.execute(
-                f"SELECT id, file_id, heading, keywords, body FROM chunks "
-                f"WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
-            gone += len(ids) - len(rows)
-            if held is not None and rows:
-                gone += held.search(tantivy.Query.term_set_query(
-                    self.schema, "id", [r[0] for r in rows]), 1, count=True).count
-            texts = indexed_texts(db, rows)
-            for cid in ids:
-                w.delete_documents_by_term("id", cid)
-            for (cid, fid, *_), text in zip(rows, texts):
-                w.add_document(tantivy.Document(id=cid, file_id=fid, text=text))
-        w.commit()
-        self.index.reload()
+            chunk_ids = [c for c in ids if c > 0]
+            gone += self._push_chunks(db, chunk_ids, counted)
+            note_ids = [-c for c in ids if c < 0]
+            for j in range(0, len(note_ids), NOTE_PUSH):
+                gone += self._push_notes(db, note_ids[j:j + NOTE_PUSH], counted)
+            chunks += len(chunk_ids)
+            notes += len(note_ids)
+        for n, writer, index in ((chunks, self._writer, self.index),
+                                 (notes, self._notes_writer, self.notes_index)):
+            if n:
+                writer.commit()
+                index.reload()
         self._gen += 1  # never reused: a failed transaction below leaves a gap
         gen = self._gen
         self._publish(gen)
@@ -310,13 +361,56 @@ class TextIndex(outbox.OutboxSync):
                 db.execute("INSERT INTO meta (key, value) VALUES ('text_deleted', ?) ON CONFLICT "
                            "(key) DO UPDATE SET value = CAST(value AS INTEGER) + excluded.value",
                            (gone,))
-        self.pushed += len(batch)
+        self.pushed += chunks
+        self.notes_pushed += notes
+
+    def _push_chunks(self, db: sqlite3.Connection, ids: list[int], counted: bool) -> int:
+        """Replace these chunks' documents by their rows' (none: deleted); returns how many
+        documents this leaves deleted (see REFILL_SHARE): those of chunks no longer there, and
+        those of chunks updated in place (a moved note's new heading), which the index held."""
+        import tantivy
+        if not ids:
+            return 0
+        rows = db.execute(
+            f"SELECT id, file_id, heading, keywords, body FROM chunks "
+            f"WHERE id IN ({','.join('?' * len(ids))})", ids).fetchall()
+        return self._replace(self._writer, self.index, self.schema, ids, rows, counted, [
+            tantivy.Document(id=cid, file_id=fid, text=text)
+            for (cid, fid, *_), text in zip(rows, indexed_texts(db, rows))])
+
+    def _push_notes(self, db: sqlite3.Connection, ids: list[int], counted: bool) -> int:
+        """As _push_chunks, for notes (these file ids): their notes_fts rows."""
+        import tantivy
+        if not ids:
+            return 0
+        rows = db.execute(
+            f"SELECT rowid, title, keywords, headings, body FROM notes_fts "
+            f"WHERE rowid IN ({','.join('?' * len(ids))})", ids).fetchall()
+        texts = index_tokens(db, [note_text(*r[1:]) for r in rows])
+        return self._replace(self._notes_writer, self.notes_index, self.notes_schema, ids,
+                             rows, counted, [tantivy.Document(id=r[0], text=text)
+                                             for r, text in zip(rows, texts)])
+
+    @staticmethod
+    def _replace(writer, index, schema, ids: list[int], rows, counted: bool, docs) -> int:
+        """Delete the documents of `ids` and add `docs` (those of `rows`, the ids still
+        there); returns how many documents that leaves deleted."""
+        import tantivy
+        gone = len(ids) - len(rows)
+        if counted and rows:
+            gone += index.searcher().search(tantivy.Query.term_set_query(
+                schema, "id", [r[0] for r in rows]), 1, count=True).count
+        for i in ids:
+            writer.delete_documents_by_term("id", i)
+        for doc in docs:
+            writer.add_document(doc)
+        return gone
 
     # -- search -------------------------------------------------------------------------------
 
     def view(self, db: sqlite3.Connection):
-        """(the searcher whose content is exactly the chunks of db's snapshot, "tantivy"), or
-        (None, why FTS5 answers instead)."""
+        """(the Searchers whose content is exactly the chunks and notes of db's snapshot,
+        "tantivy"), or (None, why FTS5 answers instead)."""
         if not self.serving:
             return None, f"fts5 (the tantivy index is {self.state})"
         recorded, gen, behind = db.execute(
@@ -331,9 +425,29 @@ class TextIndex(outbox.OutboxSync):
         return searcher, "tantivy"
 
     @staticmethod
-    def doc_freq(searcher, token: str) -> int:
+    def doc_freq(searcher: Searchers, token: str) -> int:
         """Chunks holding an index token (a stem, as index_tokens gives it)."""
-        return searcher.doc_freq("text", token)
+        return searcher.chunks.doc_freq("text", token)
+
+    @staticmethod
+    def note_freq(searcher: Searchers, tokens: list[str]) -> int:
+        """Notes holding a word (its index tokens: the rarest one's count)."""
+        return min((searcher.notes.doc_freq("text", t) for t in tokens), default=0)
+
+    def note_search(self, searcher: Searchers, parts: list[list[str]], limit: int
+                    ) -> dict[int, float]:
+        """BM25 of whole notes for these query parts (each its index tokens: one word, or a
+        phrase), as bm25.note_search of notes_fts: file id -> score, the best `limit`."""
+        import tantivy
+        clauses = [(tantivy.Occur.Should, self._part(toks, self.notes_schema))
+                   for toks in parts if toks]
+        if not clauses:
+            return {}
+        s = searcher.notes
+        hits = s.search(tantivy.Query.boolean_query(clauses), limit, count=False).hits
+        ids = s.fast_field_values("id", [a for _, a in hits])
+        return {int(fid): float(score) for (score, _), fid in zip(hits, ids)
+                if fid is not None}
 
     def _only_in(self, query, files):
         """The query, only over the chunks of these file ids (None: every chunk); the file
@@ -353,7 +467,7 @@ class TextIndex(outbox.OutboxSync):
         q = self._only_in(tantivy.Query.boolean_query([
             (tantivy.Occur.Should, tantivy.Query.term_query(self.schema, "text", t))
             for t in tokens]), files)
-        return bool(searcher.search(q, 1, count=False).hits)
+        return bool(searcher.chunks.search(q, 1, count=False).hits)
 
     def holds_all(self, searcher, terms: list, files=None) -> bool:
         """Does a chunk (of these file ids, when given) hold every part of `terms` (as `terms`
@@ -363,13 +477,15 @@ class TextIndex(outbox.OutboxSync):
             return False
         q = self._only_in(tantivy.Query.boolean_query([
             (tantivy.Occur.Must, self._part(toks)) for _, toks, _ in terms]), files)
-        return bool(searcher.search(q, 1, count=False).hits)
+        return bool(searcher.chunks.search(q, 1, count=False).hits)
 
-    def _part(self, tokens: list[str]):
-        """The query of one part of a query: a token, or a phrase of several."""
+    def _part(self, tokens: list[str], schema=None):
+        """The query of one part of a query: a token, or a phrase of several (of the chunks'
+        schema, unless another is given)."""
         import tantivy
-        return (tantivy.Query.term_query(self.schema, "text", tokens[0]) if len(tokens) == 1
-                else tantivy.Query.phrase_query(self.schema, "text", tokens))
+        schema = schema or self.schema
+        return (tantivy.Query.term_query(schema, "text", tokens[0]) if len(tokens) == 1
+                else tantivy.Query.phrase_query(schema, "text", tokens))
 
     def in_file(self, searcher, tokens: list[str], file_id: int) -> bool:
         """Does a chunk of the file hold these tokens (one token, or a phrase)?"""
@@ -377,7 +493,7 @@ class TextIndex(outbox.OutboxSync):
         q = tantivy.Query.boolean_query([
             (tantivy.Occur.Must, self._part(tokens)),
             (tantivy.Occur.Must, tantivy.Query.term_query(self.schema, "file_id", file_id))])
-        return bool(searcher.search(q, 1, count=False).hits)
+        return bool(searcher.chunks.search(q, 1, count=False).hits)
 
     @staticmethod
     def terms(searcher, db: sqlite3.Connection, query: str,
@@ -395,7 +511,7 @@ class TextIndex(outbox.OutboxSync):
             toks = toks.split()
             if not toks:
                 continue
-            df = min(searcher.doc_freq("text", t) for t in toks)
+            df = min(searcher.chunks.doc_freq("text", t) for t in toks)
             if dfs is not None:
                 dfs[part] = df
             out.append((part, toks, df))
@@ -414,7 +530,8 @@ class TextIndex(outbox.OutboxSync):
             return []
         if terms is None:
             terms = self.terms(searcher, db, query, dfs)
-        total = max(searcher.num_docs, 1)
+        s = searcher.chunks
+        total = max(s.num_docs, 1)
         clauses, kept = [], []
         for _, toks, df in terms:
             common = df > total * share
@@ -427,8 +544,8 @@ class TextIndex(outbox.OutboxSync):
         kept = kept or clauses  # only common words: keep them all (as prune_common does)
         query_ = self._only_in(
             tantivy.Query.boolean_query([(tantivy.Occur.Should, q) for q in kept]), files)
-        hits = searcher.search(query_, n, count=False).hits
+        hits = s.search(query_, n, count=False).hits
         if not hits:
             return []
-        ids = searcher.fast_field_values("id", [a for _, a in hits])
+        ids = s.fast_field_values("id", [a for _, a in hits])
         return [(int(cid), float(s)) for (s, _), cid in zip(hits, ids) if cid is not None]

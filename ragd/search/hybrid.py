@@ -131,6 +131,9 @@ class Searcher:
         # threads may all be waiting on the engine while several clients search during a bulk
         # embedding, a walk of a few milliseconds waited for hundreds.
         self._notes_pool = ThreadPoolExecutor(2, thread_name_prefix="query-notes")
+        # The chunks' BM25 from tantivy, beside the vector search (_rank): tantivy lets go of
+        # the interpreter lock while it searches, usearch does not.
+        self._bm25_pool = ThreadPoolExecutor(2, thread_name_prefix="query-bm25")
         self.vectors = vectors  # the VectorStore (index/vectorstore.py)
         self.buffers = buffers  # unsaved editor buffers (index/buffers.py), an overlay
         self.boilerplate = boilerplate.Known()  # boilerplate counts while no chunk changes
@@ -240,6 +243,7 @@ class Searcher:
         # threads take every core: then anything run beside them only slows them (their
         # threads wait for each other at every layer, and one without a core holds up all).
         t = time.perf_counter()
+        side = None  # the chunks' BM25 on a thread (below), or None: in its turn
         embedding, alone = self._embed_query(q.text) if r.mode in ("hybrid", "vector") \
             else (None, False)
         if alone:  # (its wall time here: the engine's own, embed_ms, and the hand-overs)
@@ -250,16 +254,26 @@ class Searcher:
             space = self.vectors.active
             coverage = self._coverage(q.db, space.vectors) if space is not None else 1.0
             partial = coverage < PARTIAL_FUSION_FROM
-            if self._count_words(q):  # the notes' walk can start before the chunks' ranking
+            counted = self._count_words(q)
+            if counted:  # the notes' BM25 can start before the chunks' ranking
                 self._start_notes(q)
             r.timings["words_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-            self._bm25_ranking(q, r, COMMON_SHARE if partial else HYBRID_COMMON_SHARE)
-            if partial and (self._embedded_share(q, space.vectors) or 0) >= PARTIAL_FUSION_FROM:
-                # the chunks these words found have their vectors: fused as when all are in
-                self._bm25_ranking(q, r, HYBRID_COMMON_SHARE)
+            if counted and coverage >= 1.0 and q.view is None:
+                # every chunk has its vector: the chunks' BM25 (tantivy's: q.terms counted)
+                # runs on a thread beside the vector search, and is taken in after it
+                side = self._bm25_pool.submit(self._tantivy_hits, q, HYBRID_COMMON_SHARE)
+            else:
+                self._bm25_ranking(q, r, COMMON_SHARE if partial else HYBRID_COMMON_SHARE)
+                if partial and (self._embedded_share(q, space.vectors) or 0) >= \
+                        PARTIAL_FUSION_FROM:
+                    # the chunks these words found have their vectors: fused as when all are in
+                    self._bm25_ranking(q, r, HYBRID_COMMON_SHARE)
             self._start_notes(q)
         if r.mode in ("hybrid", "vector"):
             why = self._vector_ranking(q, r, embedding)
+            if side is not None:
+                self._bm25_ranking(q, r, HYBRID_COMMON_SHARE, side.result())
+                self._unembedded(q, r)  # (a model switched since the coverage was read)
             if why is not None:
                 r.degraded = True
                 r.reason = why
@@ -358,7 +372,8 @@ class Searcher:
             r.timings["notes_wait_ms"] = round((time.perf_counter() - t) * 1e3, 2)
             return
         r.note_evidence = notes.note_evidence(q.db, q.text, weight, q.dfs, self.buffers,
-                                              q.bufs, q.filters.exclude_files)
+                                              q.bufs, q.filters.exclude_files,
+                                              self._served(q))
         r.timings["notes_bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
 
     def _notes_wanted(self, q: _Query) -> bool:
@@ -369,9 +384,10 @@ class Searcher:
     def _count_words(self, q: _Query) -> bool:
         """When tantivy serves this snapshot (and no buffer is searched), the query words'
         chunk counts (q.dfs) read from its searcher before the BM25 ranking, which reuses
-        them (q.terms): the notes' walk, which needs them, then starts before the chunks'
-        ranking instead of after it. False when not counted here (the ranking counts them)."""
-        if not self._notes_wanted(q) or q.bufs or q.text_view is None:
+        them (q.terms): the notes' BM25, which needs them, then starts before the chunks'
+        ranking instead of after it, and that ranking needs no SQLite connection (it can run
+        on a thread). False when not counted here (the ranking counts them)."""
+        if q.bufs or q.text_view is None or self.text is None:
             return False
         searcher = q.text_view[0]
         if searcher is None:
@@ -388,23 +404,32 @@ class Searcher:
         """Hybrid: start the whole-note BM25 on a thread of the pool, with a read connection
         of its own, as soon as the query's words are counted (q.dfs: by _count_words, else by
         the BM25 ranking). A core is free by then (an engine whose threads take every core is
-        done with the query's embedding; any other leaves one): the notes' FTS5 walk (the
-        largest step after the embedding) runs beside the BM25 ranking, the vector search,
-        the feedback and the fusion instead of after them. Its connection reads the index as
-        of now, not the search's snapshot: a commit in between can only change the score of a
+        done with the query's embedding; any other leaves one): the notes' BM25 runs beside the
+        BM25 ranking, the vector search, the feedback and the fusion instead of after them.
+        tantivy's notes are this search's snapshot's (_served); FTS5's are read on a
+        connection of its own, as of now: a commit in between can only change the score of a
         note no chunk of this search's snapshot brings, which adds nothing (notes.group).
         Once per search."""
         if q.notes is not None or not self._notes_wanted(q):
             return
         text, dfs, bufs, exclude = q.text, dict(q.dfs), q.bufs, q.filters.exclude_files
+        served = self._served(q)
 
         def work():
             t = time.perf_counter()
             with self.reads.conn(snapshot=True) as db:
-                got = notes.note_evidence(db, text, 1.0, dfs, self.buffers, bufs, exclude)
+                got = notes.note_evidence(db, text, 1.0, dfs, self.buffers, bufs, exclude,
+                                          served)
             return got, round((time.perf_counter() - t) * 1e3, 2)
 
         q.notes = self._notes_pool.submit(work)
+
+    def _served(self, q: _Query):
+        """(the tantivy index, the Searchers of this search's snapshot) when they serve it and
+        no unsaved buffer is searched (their scores are on FTS5's scale), else None."""
+        if q.bufs or q.text_view is None or q.text_view[0] is None or self.text is None:
+            return None
+        return self.text, q.text_view[0]
 
     def _anything_relevant(self, q: _Query, r: Ranking) -> bool:
         """'Nothing relevant' when neither signal has anything: no vector above the similarity
@@ -656,13 +681,16 @@ class Searcher:
         found = store.indexed(q.lists.get("bm25", ()))[:CANDIDATES_COVERED]
         return sum(c in vectors for c in found) / len(found) if found else None
 
-    def _bm25_ranking(self, q: _Query, r: Ranking, share: float = COMMON_SHARE) -> None:
+    def _bm25_ranking(self, q: _Query, r: Ranking, share: float = COMMON_SHARE,
+                      side: tuple | None = None) -> None:
         """Fill q.lists['bm25']: from the Milvus collection q.view when given, else from the
         tantivy searcher of q.text_view when it holds this snapshot, else FTS5 (dropping query
         words in over `share` of the rows). q.dfs gets the query words' chunk counts (tantivy
         and FTS5 read them); q.signed whether a chunk holds a symbol of the query (only tantivy
-        indexes them: symbols)."""
+        indexes them: symbols). `side`: what _tantivy_hits gave on a thread, when it ran
+        there (its time is added to bm25_ms)."""
         t = time.perf_counter()
+        aside = side[2] if side is not None else 0.0
         db, query, n, files = q.db, q.text, q.n, q.files
         hits = None
         if q.view is not None:
@@ -671,21 +699,9 @@ class Searcher:
             except Exception as e:  # Milvus failing: this ranking from SQLite, said so
                 r.store = f"sqlite (milvus failed: {type(e).__name__}: {e})"[:300]
         if hits is None and q.text_view is not None and q.view is None:
-            searcher, why = q.text_view
-            if q.bufs:  # their scores are on FTS5's scale
-                why = "fts5 (unsaved editor buffers are searched)"
-            elif searcher is not None:
-                try:
-                    if q.terms is None:  # (kept: the literal-match check reads them too)
-                        q.terms = self.text.terms(searcher, db, query, q.dfs)
-                    hits = self.text.search(searcher, db, query, n, share, files, q.dfs,
-                                            q.terms)
-                    signs = symbols(query)
-                    q.signed = bool(hits and signs and self.text.holds_any(searcher, signs,
-                                                                           files))
-                except Exception as e:  # tantivy failing: FTS5 answers, said so
-                    why = f"fts5 (tantivy failed: {type(e).__name__}: {e})"[:300]
-            r.bm25_index = why
+            if side is None:
+                side = self._tantivy_hits(q, share)
+            hits, r.bm25_index = side[0], side[1]
         if hits is None:
             hits = [(h.chunk_id, h.score) for h in bm25.search(
                 db, query, n, q.filters, share, q.dfs)]
@@ -699,7 +715,30 @@ class Searcher:
         q.lists["bm25"] = [cid for cid, _ in hits]
         for cid, score in hits:
             q.parts.setdefault(cid, {})["bm25"] = round(score, 6)
-        r.timings["bm25_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+        r.timings["bm25_ms"] = round((time.perf_counter() - t + aside) * 1e3, 2)
+
+    def _tantivy_hits(self, q: _Query, share: float) -> tuple[list | None, str, float]:
+        """(the top q.n chunks from the tantivy searcher of q.text_view, or None: FTS5
+        answers; what answered, as bm25_index says it; the seconds this took). Touches no
+        SQLite connection once q.terms are counted (a thread beside the vector search runs it,
+        with the terms kept: the literal-match check reads them too); sets q.signed."""
+        t = time.perf_counter()
+        searcher, why = q.text_view
+        if q.bufs:  # their scores are on FTS5's scale
+            return None, "fts5 (unsaved editor buffers are searched)", 0.0
+        if searcher is None:
+            return None, why, 0.0
+        try:
+            if q.terms is None:
+                q.terms = self.text.terms(searcher, q.db, q.text, q.dfs)
+            hits = self.text.search(searcher, q.db, q.text, q.n, share, q.files, q.dfs,
+                                    q.terms)
+            signs = symbols(q.text)
+            q.signed = bool(hits and signs and self.text.holds_any(searcher, signs, q.files))
+        except Exception as e:  # tantivy failing: FTS5 answers, said so
+            return (None, f"fts5 (tantivy failed: {type(e).__name__}: {e})"[:300],
+                    time.perf_counter() - t)
+        return hits, why, time.perf_counter() - t
 
     def _vector_ranking(self, q: _Query, r: Ranking, embedding: Future) -> str | None:
         """Fill q.lists['vector'] from the query's embedding (a future), from the Milvus
@@ -719,14 +758,22 @@ class Searcher:
             return str(e)
         r.vector_space = vi.space
         r.vector_coverage = round(self._coverage(q.db, vi), 4)
-        if r.vector_coverage < 1.0 and "bm25" in q.lists:
-            q.unembedded = [c for c in store.indexed(q.lists["bm25"]) if c not in vi]
-            found = self._embedded_share(q, vi)
-            r.candidate_coverage = None if found is None else round(found, 4)
+        self._unembedded(q, r)
         r.best_similarity = round(float(cos[0]), 4) if len(cos) else -1.0
         self._set_vector_list(q, ids, cos)
         r.timings["vector_ms"] = round((time.perf_counter() - t) * 1e3, 2)
         return None
+
+    def _unembedded(self, q: _Query, r: Ranking) -> None:
+        """The BM25 hits with no vector yet (q.unembedded), and the share of the first ones
+        that have one, when the vectors searched do not cover every chunk."""
+        if r.vector_coverage is None or r.vector_coverage >= 1.0 or "bm25" not in q.lists \
+                or q.query_vector is None:
+            return
+        vi = q.query_vector.space.vectors
+        q.unembedded = [c for c in store.indexed(q.lists["bm25"]) if c not in vi]
+        found = self._embedded_share(q, vi)
+        r.candidate_coverage = None if found is None else round(found, 4)
 
     @staticmethod
     def _set_vector_list(q: _Query, ids, cos) -> None:

@@ -186,7 +186,8 @@ NOTE_CANDIDATES = 100  # notes the note-level BM25 scores (then scaled 0..1 over
 
 
 def note_evidence(db: sqlite3.Connection, query: str, weight: float, dfs: dict | None = None,
-                  overlay=None, bufs=(), exclude=()) -> dict[int, tuple[float, float, int]]:
+                  overlay=None, bufs=(), exclude=(), text=None
+                  ) -> dict[int, tuple[float, float, int]]:
     """A note's words as one document: file id -> (what it adds to the note's score, its BM25
     score, its rank), for the best NOTE_CANDIDATES notes by the BM25 of their whole text; the
     score scaled 0..1 over them, times `weight`. group adds it to notes ranked by their
@@ -198,9 +199,23 @@ def note_evidence(db: sqlite3.Connection, query: str, weight: float, dfs: dict |
     the question ranks below one chunk holding most of them. Callan ("Passage-level evidence in
     document retrieval", SIGIR 1994) found the best passage and the whole document together
     better than either. FTS5 scores every note holding a word it is given, so only the rarer
-    words are (text.note_terms)."""
-    parts = note_terms(db, query, dfs)
-    scores = bm25.note_search(db, parts, NOTE_CANDIDATES + len(exclude))
+    words are (text.note_terms). `text`: (the tantivy index, the Searchers of this snapshot),
+    when it serves and no buffer is scored: the notes' tantivy index answers (its top-k skips
+    the notes that cannot enter it), else FTS5's notes_fts."""
+    if text is not None and not bufs:
+        index, searchers = text
+        tokens: dict[str, list[str]] = {}
+
+        def toks(part: str) -> list[str]:  # a part's index tokens (FTS5 syntax: '"a b"')
+            if part not in tokens:
+                tokens[part] = word_tokens(db, [part.strip('"')])[0].split()
+            return tokens[part]
+        parts = note_terms(db, query, dfs, lambda p: index.note_freq(searchers, toks(p)))
+        scores = index.note_search(searchers, [toks(p) for p in parts],
+                                   NOTE_CANDIDATES + len(exclude))
+    else:
+        parts = note_terms(db, query, dfs)
+        scores = bm25.note_search(db, parts, NOTE_CANDIDATES + len(exclude))
     for fid in exclude:  # files an unsaved buffer stands in for: the buffer is scored instead
         scores.pop(fid, None)
     if bufs and overlay is not None:
