@@ -116,8 +116,9 @@ def uninstall(db: sqlite3.Connection) -> None:
 # its body. FTS5 weighs a word of the heading or keywords columns 1.5 times one of the body;
 # tantivy has no such weights in one field, and a field each, their scores summed, ranked worse;
 # twice ranked best of the ways tried (docs/quality.md).
-FORMAT = "3"  # of the indexed text and schema: another format rebuilds the folder
-# (1 -> 2: symbol tokens; 2 -> 3: the notes' index beside it)
+FORMAT = "4"  # of the indexed text and schema: another format rebuilds the folder
+# (1 -> 2: symbol tokens; 2 -> 3: the notes' index beside it; 3 -> 4: the notes' without
+# positions)
 
 
 def search_text(heading: str, keywords: str, body: str) -> str:
@@ -149,8 +150,11 @@ def _schema(note: bool = False):
     sb.add_integer_field("id", stored=False, indexed=True, fast=True)
     if not note:
         sb.add_integer_field("file_id", stored=False, indexed=True, fast=False)
+    # The notes' index keeps no positions: a phrase of the query is asked of a note as its
+    # words (note_search). Positions would double its size, and the pages of them a search
+    # reads count in the daemon's memory.
     sb.add_text_field("text", stored=False, tokenizer_name="whitespace",
-                      index_option="position")
+                      index_option="freq" if note else "position")
     return sb.build()
 
 
@@ -437,10 +441,15 @@ class TextIndex(outbox.OutboxSync):
     def note_search(self, searcher: Searchers, parts: list[list[str]], limit: int
                     ) -> dict[int, float]:
         """BM25 of whole notes for these query parts (each its index tokens: one word, or a
-        phrase), as bm25.note_search of notes_fts: file id -> score, the best `limit`."""
+        phrase), as bm25.note_search of notes_fts: file id -> score, the best `limit`. A
+        phrase is its words, all in the note (the notes' index keeps no positions)."""
         import tantivy
-        clauses = [(tantivy.Occur.Should, self._part(toks, self.notes_schema))
-                   for toks in parts if toks]
+
+        def part(toks):
+            terms = [tantivy.Query.term_query(self.notes_schema, "text", t) for t in toks]
+            return terms[0] if len(terms) == 1 else tantivy.Query.boolean_query(
+                [(tantivy.Occur.Must, t) for t in terms])
+        clauses = [(tantivy.Occur.Should, part(toks)) for toks in parts if toks]
         if not clauses:
             return {}
         s = searcher.notes
@@ -479,13 +488,11 @@ class TextIndex(outbox.OutboxSync):
             (tantivy.Occur.Must, self._part(toks)) for _, toks, _ in terms]), files)
         return bool(searcher.chunks.search(q, 1, count=False).hits)
 
-    def _part(self, tokens: list[str], schema=None):
-        """The query of one part of a query: a token, or a phrase of several (of the chunks'
-        schema, unless another is given)."""
+    def _part(self, tokens: list[str]):
+        """The query of one part of a query: a token, or a phrase of several."""
         import tantivy
-        schema = schema or self.schema
-        return (tantivy.Query.term_query(schema, "text", tokens[0]) if len(tokens) == 1
-                else tantivy.Query.phrase_query(schema, "text", tokens))
+        return (tantivy.Query.term_query(self.schema, "text", tokens[0]) if len(tokens) == 1
+                else tantivy.Query.phrase_query(self.schema, "text", tokens))
 
     def in_file(self, searcher, tokens: list[str], file_id: int) -> bool:
         """Does a chunk of the file hold these tokens (one token, or a phrase)?"""
