@@ -470,7 +470,7 @@ def do_status(args) -> int:
             line = f"bm25: tantivy, {text.get('state')}"
             if text.get("pending"):
                 line += f", {text['pending']}{'+' if text['pending'] >= 8192 else ''} " \
-                        f"chunks to add"
+                        f"chunks and notes to add"
             if not text.get("serving"):
                 line += "  (FTS5 answers meanwhile)"
             print(line)

@@ -348,6 +348,15 @@ def test_tantivy_is_filled_anew_before_deleted_chunks_skew_its_statistics(tmp_pa
     ti = textindex.TextIndex(cfg.db_path, tmp_path / "text")
     ti.start()
     try:
+        # while it fills, status counts what is left (the chunks and notes, up to 8192), not
+        # the 1 of "not looked yet" all through the first batch
+        deadline = time.monotonic() + 60
+        while ti.status()["state"] != "filling":
+            assert time.monotonic() < deadline, ti.status()
+            time.sleep(0.002)
+        assert ti.status()["pending"] == min(8192, db.execute(
+            "SELECT COUNT(*) FROM chunks").fetchone()[0] + db.execute(
+            "SELECT COUNT(*) FROM files").fetchone()[0])
         def synced():
             deadline = time.monotonic() + 120
             # (wait_synced first: it sleeps; the loop must not spin while the fill runs)

@@ -318,6 +318,8 @@ def test_kill_9_during_the_tantivy_sync_converges_to_the_same_chunks(make_daemon
     # the first, the lost, the garbage, the notes' lost
     assert log.count("text index: filling") == 4, log
     assert "is unreadable or of another format" in log
+    # the folder that was lost is the one named
+    assert f"{data / 'bm25-notes'} is unreadable or of another format (missing)" in log
 
 
 def test_the_tantivy_folder_deleted_under_the_running_daemon(make_daemon, tmp_path):

@@ -201,7 +201,8 @@ class TextIndex(outbox.OutboxSync):
         self._writer = self._notes_writer = None
 
     def status(self) -> dict:
-        out = {"engine": "tantivy", "path": str(self.dir), "state": self.state,
+        out = {"engine": "tantivy", "path": str(self.dir), "notes_path": str(self.notes_dir),
+               "state": self.state,
                "serving": self.serving, "pending": self._pending, "pushed": self.pushed,
                "notes_pushed": self.notes_pushed}
         if self.error:
@@ -217,18 +218,21 @@ class TextIndex(outbox.OutboxSync):
         import tantivy
         self.schema, self.notes_schema = _schema(), _schema(note=True)
         ident_file = self.dir / "ragd-ident"
+        bad = self.dir  # (the folder being looked at, for the log)
         try:
             ident = ident_file.read_text().strip()
             if not ident.startswith(f"{FORMAT}:"):
                 raise ValueError(f"format {ident.split(':')[0]!r}, not {FORMAT!r}")
-            if not (self.notes_dir / "meta.json").exists():
-                raise ValueError(f"{self.notes_dir} is missing")
             index = tantivy.Index(self.schema, path=str(self.dir), reuse=True)
+            bad = self.notes_dir
+            if not (self.notes_dir / "meta.json").exists():
+                raise ValueError("missing")
             notes = tantivy.Index(self.notes_schema, path=str(self.notes_dir), reuse=True)
         except (OSError, ValueError) as e:
             if self.dir.exists():
                 log.warning("text index: %s is unreadable or of another format (%s); "
-                            "rebuilding it from the index", self.dir, e)
+                            "rebuilding %s and %s from the index", bad, e, self.dir,
+                            self.notes_dir)
             for d in (self.dir, self.notes_dir):
                 shutil.rmtree(d, ignore_errors=True)
                 d.mkdir(parents=True, exist_ok=True)
@@ -290,8 +294,9 @@ class TextIndex(outbox.OutboxSync):
             with store.transaction(db, self._stop):
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('text_index', ?)",
                            (self.ident,))
-            log.info("text index: %s has every chunk (%d changes pushed since ragd started)",
-                     self.dir, self.pushed)
+            log.info("text index: %s has every chunk and %s every note (%d chunks and %d "
+                     "notes pushed since ragd started)", self.dir, self.notes_dir, self.pushed,
+                     self.notes_pushed)
         deleted = int(db.execute("SELECT COALESCE((SELECT value FROM meta WHERE key = "
                                  "'text_deleted'), 0)").fetchone()[0])
         live = self.index.searcher().num_docs + self.notes_index.searcher().num_docs
@@ -320,8 +325,12 @@ class TextIndex(outbox.OutboxSync):
             w.delete_all_documents()
             w.commit()
         self._filled_here = True
+        # (what is left to push, counted before status says "filling": not the 1 that stands
+        # for "not looked yet" through the whole first batch)
+        self._set_pending(db.execute("SELECT COUNT(*) FROM (SELECT 1 FROM text_outbox LIMIT ?)",
+                                     (BATCH * 4,)).fetchone()[0])
         self.state = "filling"
-        log.info("text index: filling %s", self.dir)
+        log.info("text index: filling %s and %s", self.dir, self.notes_dir)
 
     def _push(self, db: sqlite3.Connection, batch, counted: bool = True) -> None:
         """Delete the batch's ids, add those that exist (a chunk, or a note: a negative id),

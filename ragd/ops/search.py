@@ -99,6 +99,9 @@ class SearchOps:
         with self.p.reads.conn(snapshot=True) as db:
             # the tantivy searcher holding exactly this snapshot's chunks, or why FTS5 answers
             text_view = text.view(db) if text is not None else None
+            # the files not yet in this snapshot: a save the indexer takes in while the query
+            # is embedded is in the index by the end of the search, not in what it read
+            waiting = self._waiting()
             setup = round((time.perf_counter() - t0) * 1e3, 2)
             r = self.p.searcher.run(db, query, k, mode, filters, rerank, group, text_view)
             t = time.perf_counter()
@@ -177,7 +180,7 @@ class SearchOps:
             reply["query_chars"] = len(query)
         if fresh is not None:
             reply["waited"] = {"fresh": fresh, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
-        waiting = self._waiting()
+        waiting = max(waiting, self._waiting())  # (and those heard since it was taken)
         if waiting:  # then "nothing relevant" may only be "not indexed yet"
             reply["files_pending"] = waiting
         return reply
