@@ -286,9 +286,7 @@ class TextIndex(outbox.OutboxSync):
         if batch:
             self.state = "filling" if filling else "syncing"
             self._push(db, batch, counted=not filling)
-            left = db.execute("SELECT COUNT(*) FROM (SELECT 1 FROM text_outbox LIMIT ?)",
-                              (BATCH * 4,)).fetchone()[0]
-            self._set_pending(left)
+            self._set_pending(self._left(db))
             return
         if filling:
             with store.transaction(db, self._stop):
@@ -327,10 +325,15 @@ class TextIndex(outbox.OutboxSync):
         self._filled_here = True
         # (what is left to push, counted before status says "filling": not the 1 that stands
         # for "not looked yet" through the whole first batch)
-        self._set_pending(db.execute("SELECT COUNT(*) FROM (SELECT 1 FROM text_outbox LIMIT ?)",
-                                     (BATCH * 4,)).fetchone()[0])
+        self._set_pending(self._left(db))
         self.state = "filling"
         log.info("text index: filling %s and %s", self.dir, self.notes_dir)
+
+    @staticmethod
+    def _left(db: sqlite3.Connection) -> int:
+        """The outbox's rows, counted up to BATCH * 4 (status says "8192+")."""
+        return db.execute("SELECT COUNT(*) FROM (SELECT 1 FROM text_outbox LIMIT ?)",
+                          (BATCH * 4,)).fetchone()[0]
 
     def _push(self, db: sqlite3.Connection, batch, counted: bool = True) -> None:
         """Delete the batch's ids, add those that exist (a chunk, or a note: a negative id),

@@ -387,13 +387,11 @@ class Searcher:
         them (q.terms): the notes' BM25, which needs them, then starts before the chunks'
         ranking instead of after it, and that ranking needs no SQLite connection (it can run
         on a thread). False when not counted here (the ranking counts them)."""
-        if q.bufs or q.text_view is None or self.text is None:
-            return False
-        searcher = q.text_view[0]
-        if searcher is None:
+        served = self._served(q)
+        if served is None:
             return False
         try:
-            q.terms = self.text.terms(searcher, q.db, q.text, q.dfs)
+            q.terms = self.text.terms(served[1], q.db, q.text, q.dfs)
         except Exception:  # (the ranking meets it again, falls back to FTS5 and says why)
             q.dfs.clear()
             q.terms = None
@@ -497,8 +495,9 @@ class Searcher:
         walks the lists of every word of a question, "is" and "of" too (in a large index the
         slowest step of a long question's search), where tantivy skips through them. An editor's
         buffer is FTS5's to search (q.bufs), as the rankings do."""
-        searcher = q.text_view[0] if q.text_view is not None else None
-        if searcher is not None and not q.bufs and self.text is not None:
+        served = self._served(q)
+        if served is not None:
+            searcher = served[1]
             try:
                 terms = q.terms if q.terms is not None else \
                     self.text.terms(searcher, q.db, q.text)

@@ -204,12 +204,9 @@ def note_evidence(db: sqlite3.Connection, query: str, weight: float, dfs: dict |
     the notes that cannot enter it), else FTS5's notes_fts."""
     if text is not None and not bufs:
         index, searchers = text
-        tokens: dict[str, list[str]] = {}
 
         def toks(part: str) -> list[str]:  # a part's index tokens (FTS5 syntax: '"a b"')
-            if part not in tokens:
-                tokens[part] = word_tokens(db, [part.strip('"')])[0].split()
-            return tokens[part]
+            return word_tokens(db, [part.strip('"')])[0].split()
         parts = note_terms(db, query, dfs, lambda p: index.note_freq(searchers, toks(p)))
         scores = index.note_search(searchers, [toks(p) for p in parts],
                                    NOTE_CANDIDATES + len(exclude))
